@@ -1,0 +1,177 @@
+"""The single-sequence contract between the server core and an engine.
+
+The server core (queue, reuse planning, stop scanning, parking) talks to a model only
+through :class:`Engine`. An engine holds the model state of exactly one token sequence
+(the "held" sequence): a KV cache for attention layers, recurrent states for linear
+attention layers. The core keeps the token ids of that sequence itself and guarantees
+that ``len(held_ids) == engine.n_past`` at every moment.
+
+Logits are opaque to the core: it only hands them back to the engine's sampler. For the
+torch engine they are a ``torch.Tensor`` of shape ``[vocab_size]``, dtype float32, on the
+engine's device; for the echo engine a small object naming the next token.
+
+This module must not import torch: the core is importable and testable without it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+class EngineError(RuntimeError):
+    """Raised by an engine for a request it cannot serve (e.g. context overflow, bad rewind)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one request (OpenAI ``temperature``/``top_p``/``seed`` fields,
+    plus ``top_k`` and ``min_p`` as in llama.cpp and vLLM).
+
+    temperature: 0 means greedy (argmax). top_k: 0 disables. top_p: 1.0 disables.
+    min_p: 0.0 disables (keep tokens whose probability >= min_p * max probability).
+    seed: None draws from a fresh random seed; the same seed and request give the same output.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class Sampler(ABC):
+    """Picks the next token id from logits; holds the random generator of one request."""
+
+    @abstractmethod
+    def sample(self, logits: Any) -> int:
+        """Return the next token id (an int in ``[0, vocab_size)``) for the given logits."""
+
+
+@dataclass
+class StateSnapshot:
+    """A copy of an engine's held state, detached from the engine (host memory).
+
+    n_past: tokens held (int). tensors: name -> array (``torch.Tensor`` on CPU for the torch
+    engine, ``numpy.ndarray`` for the echo engine); ``tensor_format`` says which, so the disk
+    tier can pick ``safetensors.torch`` or ``safetensors.numpy``. meta: JSON-serialisable
+    extras (layout, checkpoint positions). nbytes: total tensor bytes.
+    """
+
+    n_past: int
+    tensors: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensor_format: str = "torch"
+
+    @property
+    def nbytes(self) -> int:
+        total = 0
+        for array in self.tensors.values():
+            if hasattr(array, "nbytes"):
+                total += int(array.nbytes)
+            else:
+                total += int(array.numel() * array.element_size())
+        return total
+
+
+@dataclass
+class Checkpoint:
+    """Recurrent part of the state at ``position`` tokens, plus the logits there.
+
+    Restoring it and truncating attention KV caches to ``position`` rolls the whole model back
+    exactly (see the hybrid-model issue). ``data`` is engine-specific; ``nbytes`` its size.
+    """
+
+    position: int
+    logits: Any
+    data: Any
+    nbytes: int
+    turn_boundary: bool = False
+
+
+class Engine(ABC):
+    """One sequence of model state.
+
+    Attributes:
+        model_id: name served in ``/v1/models`` and in responses.
+        can_rewind: True when :meth:`rewind` can truncate the held state to any shorter
+            length (a pure KV-cache model). False for models with recurrent state, which
+            roll back only through :class:`Checkpoint` s.
+        max_context: the most tokens the state can hold (``--ctx-size``).
+        vocab_size: number of token ids.
+    """
+
+    model_id: str = "model"
+    can_rewind: bool = True
+    max_context: int = 0
+    vocab_size: int = 0
+
+    @property
+    @abstractmethod
+    def n_past(self) -> int:
+        """Tokens held in the state (int)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop the held state: ``n_past`` becomes 0."""
+
+    @abstractmethod
+    def prefill(self, token_ids: Sequence[int]) -> Any:
+        """Feed ``token_ids`` (len >= 1) after the held tokens in one batch.
+
+        Returns the logits of the last position. Raises :class:`EngineError` when
+        ``n_past + len(token_ids) > max_context``.
+        """
+
+    @abstractmethod
+    def decode(self, token_id: int) -> Any:
+        """Feed one token after the held tokens; return the logits of the next position."""
+
+    def rewind(self, n_tokens: int) -> None:
+        """Truncate the held state to its first ``n_tokens`` tokens (0 <= n_tokens <= n_past).
+
+        Raises :class:`EngineError` when ``can_rewind`` is False or ``n_tokens`` is out of range.
+        """
+        raise EngineError(f"{type(self).__name__} cannot rewind")
+
+    @abstractmethod
+    def make_sampler(self, params: SamplingParams) -> Sampler:
+        """A sampler for one request (holds its seeded random generator)."""
+
+    @abstractmethod
+    def snapshot(self) -> StateSnapshot:
+        """Copy the held state (and checkpoints, where the engine has them) to host memory."""
+
+    @abstractmethod
+    def restore(self, snapshot: StateSnapshot) -> None:
+        """Replace the held state by ``snapshot``; ``n_past`` becomes ``snapshot.n_past``."""
+
+    @abstractmethod
+    def state_nbytes(self) -> int:
+        """Bytes the held state occupies for its ``n_past`` tokens (not the preallocation)."""
+
+    # --- checkpoints: only engines that cannot rewind need them -----------------------------
+
+    def take_checkpoint(self, logits: Any, turn_boundary: bool = False) -> Checkpoint | None:
+        """Checkpoint the recurrent state at ``n_past`` (with ``logits`` of that position).
+
+        Returns None for engines that can rewind (they need no checkpoints).
+        """
+        return None
+
+    def restore_checkpoint(self, checkpoint: Checkpoint) -> Any:
+        """Roll the state back to ``checkpoint.position``; return the logits stored there.
+
+        Raises :class:`EngineError` when ``checkpoint.position > n_past``.
+        """
+        raise EngineError(f"{type(self).__name__} has no checkpoints")
+
+    def fingerprint(self) -> str:
+        """A stable id of the model (config + weights) so saved states are not loaded into
+        another model. Engines override this."""
+        return self.model_id
