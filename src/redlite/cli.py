@@ -1,0 +1,67 @@
+"""Command line: ``redlite serve [options]`` and ``redlite --version``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from redlite import __version__
+
+log = logging.getLogger("redlite")
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (from /proc; falls back to time since import)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED_AT
+
+
+_IMPORTED_AT = time.monotonic()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="redlite", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"redlite {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    serve.add_argument("--model", help="GGUF file or Hugging Face directory (default: the bundled SmolLM2-135M-Instruct)")
+    serve.add_argument("--engine", choices=["torch", "echo"], default="torch")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--ctx-size", type=int, default=None, help="context length in tokens")
+    serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    serve.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
+    serve.add_argument("--max-body-mib", type=float, default=8.0)
+    serve.add_argument("--body-timeout-s", type=float, default=30.0, help="time-out between body chunks")
+    serve.add_argument("--header-timeout-s", type=float, default=10.0, help="time-out for a request's headers")
+    serve.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one")
+    serve.add_argument("--no-reuse", action="store_true", help="never reuse held state (every plan resets)")
+    serve.add_argument("--checkpoint-interval", type=int, default=1024, help="tokens between checkpoints in long prefills")
+    serve.add_argument("--checkpoint-mib", type=float, default=512.0)
+    serve.add_argument("--echo-delay-ms", type=float, default=0.0, help="echo engine: delay per decoded token")
+    serve.add_argument("--echo-no-rewind", action="store_true", help="echo engine: behave like a recurrent model")
+    serve.add_argument("--log-level", default="info")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        from redlite.server.run import serve
+        return serve(args)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

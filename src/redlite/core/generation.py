@@ -1,0 +1,196 @@
+"""Runs one request on the engine: plan reuse, execute the plan, generate, keep the held ids.
+
+The :class:`Generator` owns the held conversation: the token ids the engine state holds (the
+prompt of the last request plus every generated token that was fed back into the model). A
+token is fed back only when another one is decoded after it, so the end-of-turn token, the token
+that hit ``max_tokens`` and the token that completed a stop sequence are not held. The held ids
+and the engine agree at every moment; when a request fails mid-way the history is marked
+untrusted and the next request resets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from redlite.core.checkpoints import CheckpointStore, prefill_split_points
+from redlite.core.reuse import Action, ReusePlan, plan_reuse
+from redlite.core.stop import StopScanner
+from redlite.core.tokenizer import Tokenizer
+from redlite.engine.base import Engine, EngineError, SamplingParams
+
+log = logging.getLogger("redlite.generation")
+
+
+@dataclass
+class GenerationRequest:
+    """One request as the engine worker sees it.
+
+    prompt_ids: the full prompt (len >= 1, <= the engine's max_context). message_ends: message
+    boundary positions (tokens) of a chat prompt, for checkpoints. max_tokens: the most tokens to
+    generate (None: until end of turn or a full context). stop: validated stop strings.
+    """
+
+    prompt_ids: list[int]
+    max_tokens: int | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    message_ends: list[int] = field(default_factory=list)
+    request_id: str = "req"
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class GenerationResult:
+    """The end of a generation. finish_reason: ``stop`` (end of turn or a stop sequence),
+    ``length`` (max_tokens or a full context) or ``cancelled`` (client gone, shutdown)."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    ttft_ms: float
+    decode_tokens_per_s: float
+    plan: ReusePlan
+
+
+@dataclass
+class GeneratorSettings:
+    """reuse: False for ``--no-reuse``. checkpoint_interval: tokens between checkpoints inside
+    long prefills (``--checkpoint-interval``). checkpoint_bytes: ``--checkpoint-mib`` in bytes."""
+
+    reuse: bool = True
+    checkpoint_interval: int = 1024
+    checkpoint_bytes: int = 512 << 20
+
+
+class Generator:
+    """Executes requests one at a time on one engine (called from the engine worker thread)."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, settings: GeneratorSettings | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.settings = settings or GeneratorSettings()
+        self.held_ids: list[int] = []
+        self.checkpoints = CheckpointStore(self.settings.checkpoint_bytes)
+        self.failed = False
+        self._clock = clock
+
+    # --- planning and executing --------------------------------------------------------------
+
+    def plan(self, prompt_ids: list[int]) -> ReusePlan:
+        """The reuse plan for ``prompt_ids`` against the held state (pure, no side effects)."""
+        return plan_reuse(self.held_ids, prompt_ids, self.engine.can_rewind,
+                          self.checkpoints.positions, enabled=self.settings.reuse,
+                          after_failure=self.failed)
+
+    def _execute(self, plan: ReusePlan, request: GenerationRequest) -> Any:
+        """Bring the engine to the prompt's end; return the logits there."""
+        engine, prompt = self.engine, request.prompt_ids
+        logits = None
+        if plan.action is Action.RESET:
+            engine.reset()
+            self.held_ids = []
+            self.checkpoints.clear()
+        elif plan.action is Action.REWIND:
+            engine.rewind(plan.keep)
+            del self.held_ids[plan.keep:]
+            self.checkpoints.drop_after(plan.keep)
+        elif plan.action is Action.RESTORE:
+            checkpoint = self.checkpoints.get(plan.checkpoint_position)
+            logits = engine.restore_checkpoint(checkpoint)
+            del self.held_ids[plan.keep:]
+            self.checkpoints.drop_after(plan.keep)
+        self.failed = False
+        if plan.keep == len(prompt):
+            return logits
+        if engine.can_rewind:
+            logits = engine.prefill(prompt[plan.keep:])
+            self.held_ids.extend(prompt[plan.keep:])
+            return logits
+        # An engine without rewind prefills in segments so checkpoints land on message
+        # boundaries, every checkpoint_interval tokens, and at the prompt's end.
+        start = plan.keep
+        for end in prefill_split_points(start, len(prompt), request.message_ends,
+                                        self.settings.checkpoint_interval):
+            logits = engine.prefill(prompt[start:end])
+            self.held_ids.extend(prompt[start:end])
+            checkpoint = engine.take_checkpoint(logits, turn_boundary=end == len(prompt))
+            if checkpoint is not None:
+                self.checkpoints.add(checkpoint)
+            start = end
+        log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
+        return logits
+
+    # --- the generation loop ------------------------------------------------------------------
+
+    def run(self, request: GenerationRequest) -> Iterator[str | GenerationResult]:
+        """Yield text deltas (str), then one :class:`GenerationResult`.
+
+        Raises EngineError / any engine exception; the history is then marked failed so the next
+        request resets (the held ids may no longer match the engine state).
+        """
+        prompt = request.prompt_ids
+        if len(prompt) > self.engine.max_context:
+            raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context of {self.engine.max_context}")
+        started = self._clock()
+        plan = self.plan(prompt)
+        if (line := plan.miss_line()) is not None:
+            log.info("%s %s", request.request_id, line)
+        self.failed = True  # until the state is consistent again
+        logits = self._execute(plan, request)
+        self.failed = False
+        ttft_ms = (self._clock() - started) * 1000.0
+        log.info("%s prefill %d tok (%d cached) ttft %.1f ms", request.request_id,
+                 plan.prefill, plan.keep, ttft_ms)
+
+        sampler = self.engine.make_sampler(request.sampling)
+        decoder = self.tokenizer.incremental_decoder()
+        scanner = StopScanner(request.stop)
+        eos = self.tokenizer.eos_token_ids
+        generated = 0
+        finish = "length"
+        decode_started = self._clock()
+        while True:
+            if request.cancelled.is_set():
+                finish = "cancelled"
+                break
+            token = sampler.sample(logits)
+            if token in eos:
+                finish = "stop"
+                break
+            generated += 1
+            text, stopped = scanner.push(decoder.push(token))
+            if text:
+                yield text
+            if stopped:
+                finish = "stop"
+                break
+            if request.max_tokens is not None and generated >= request.max_tokens:
+                break
+            if self.engine.n_past >= self.engine.max_context:
+                break
+            if request.cancelled.is_set():
+                finish = "cancelled"
+                break
+            self.failed = True
+            logits = self.engine.decode(token)
+            self.held_ids.append(token)
+            self.failed = False
+        if not scanner.stopped:
+            tail, _ = scanner.push(decoder.flush())
+            if not scanner.stopped:
+                tail += scanner.flush()
+            if scanner.stopped:
+                finish = "stop"
+            if tail:
+                yield tail
+        elapsed = self._clock() - decode_started
+        rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
+        log.info("%s generated %d tok, decode %.1f tok/s, finish %s", request.request_id,
+                 generated, rate, finish)
+        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan)

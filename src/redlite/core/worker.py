@@ -1,0 +1,145 @@
+"""The engine worker: one thread, a FIFO of waiting jobs, generations run one at a time.
+
+Rules (issue "FIFO request queue, overload, disconnects and shutdown"):
+- jobs run in arrival order; at most ``max_queue`` wait behind the running one, one more is
+  refused (:class:`QueueFull`, a 503 ``server busy``);
+- a waiting job whose client has gone (``cancelled`` set) is skipped: the engine never runs it;
+- a running job whose client has gone stops at the next token (the generator checks
+  ``cancelled``);
+- :meth:`EngineWorker.shutdown` stops the running job through its output path and fails the
+  waiting ones with :class:`ShuttingDown`.
+
+Results travel through ``Job.deliver``, a callback called on the worker thread (the HTTP layer
+hands them over to its event loop).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from redlite.core.generation import GenerationRequest, GenerationResult, Generator
+
+log = logging.getLogger("redlite.worker")
+
+
+class QueueFull(Exception):
+    """More than ``max_queue`` jobs would wait."""
+
+
+class ShuttingDown(Exception):
+    """The server is stopping; the job was not (or no longer) run."""
+
+
+@dataclass
+class Event:
+    """What a job produces, in order: ``started`` once, ``text`` deltas, then ``done`` (value: a
+    GenerationResult) or ``error`` (value: the exception)."""
+
+    kind: str
+    value: Any = None
+
+
+@dataclass
+class Job:
+    request: GenerationRequest
+    deliver: Callable[[Event], None]
+    finished: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        self.request.cancelled.set()
+
+
+class EngineWorker:
+    """Owns the :class:`Generator` and the only thread that touches the engine."""
+
+    def __init__(self, generator: Generator, max_queue: int = 16) -> None:
+        self.generator = generator
+        self.max_queue = max_queue
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._lock = threading.Condition()
+        self._running: Job | None = None
+        self._closing = False
+        self.executed = 0  # jobs the engine actually ran (tests read it)
+        self.skipped = 0   # waiting jobs dropped because their client had gone
+        self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
+        self._thread.start()
+
+    @property
+    def queue_depth(self) -> int:
+        with self._lock:
+            return sum(1 for job in self._waiting if not job.request.cancelled.is_set())
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``. Raises QueueFull or ShuttingDown."""
+        with self._lock:
+            if self._closing:
+                raise ShuttingDown()
+            # Jobs whose clients have left do not count against the limit.
+            in_system = sum(not j.request.cancelled.is_set() for j in self._waiting)
+            in_system += self._running is not None
+            if in_system >= 1 + self.max_queue:
+                raise QueueFull()
+            self._waiting.append(job)
+            self._lock.notify()
+
+    def _skip(self, job: Job) -> None:
+        self.skipped += 1
+        log.info("%s skipped: client closed the connection while waiting", job.request.request_id)
+        job.deliver(Event("error", ShuttingDown() if self._closing else ConnectionAbortedError()))
+        job.finished.set()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting and not self._closing:
+                    self._lock.wait()
+                if self._closing and not self._waiting:
+                    return
+                job = self._waiting.popleft()
+                if job.request.cancelled.is_set():
+                    self._skip(job)
+                    continue
+                self._running = job
+            try:
+                self._run(job)
+            finally:
+                with self._lock:
+                    self._running = None
+                    job.finished.set()
+                    self._lock.notify_all()
+
+    def _run(self, job: Job) -> None:
+        self.executed += 1
+        job.deliver(Event("started"))
+        try:
+            for item in self.generator.run(job.request):
+                if isinstance(item, GenerationResult):
+                    job.deliver(Event("done", item))
+                else:
+                    job.deliver(Event("text", item))
+        except Exception as error:  # the request fails; the server keeps serving
+            log.exception("%s failed", job.request.request_id)
+            job.deliver(Event("error", error))
+
+    def shutdown(self, wait_s: float = 4.0) -> None:
+        """Refuse new jobs, fail waiting ones with ShuttingDown, stop the running one through its
+        output path, and wait up to ``wait_s`` seconds for the worker thread to finish."""
+        with self._lock:
+            self._closing = True
+            waiting, self._waiting = list(self._waiting), collections.deque()
+            running = self._running
+            self._lock.notify_all()
+        for job in waiting:
+            job.deliver(Event("error", ShuttingDown()))
+            job.finished.set()
+        if running is not None:
+            running.cancel()
+        self._thread.join(wait_s)

@@ -1,0 +1,161 @@
+"""The echo engine: model-free, deterministic, for testing the server core exactly.
+
+Tokens are UTF-8 bytes (see :mod:`redlite.core.byte_tokenizer`). The engine "generates" by
+echoing a chosen byte string: at the end of a prefill it takes as *source* the content of the
+last user message in the held sequence (the bytes between the last ``<|user|>`` and the next
+``<|end|>``), or the whole held byte sequence when there is no ``<|user|>`` token; the k-th
+generated token is the k-th source byte, then ``<|end|>``. So the output is a function of the
+held token ids alone: a warm (reused) and a cold state give the same answer, as with a model.
+
+The held state is simulated as a list of token ids. ``can_rewind`` is configurable; without
+rewind the engine offers checkpoints (a copy of its small "recurrent" state and the logits),
+like a hybrid model. ``delay_ms`` slows each decoded token; a source containing the bytes
+``FAIL!`` makes the first decode raise (to test failure handling).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from redlite.core.byte_tokenizer import END, USER, VOCAB_SIZE
+from redlite.engine.base import (Checkpoint, Engine, EngineError, Sampler, SamplingParams,
+                                 StateSnapshot)
+
+FAIL_MARKER = b"FAIL!"
+
+
+@dataclass(frozen=True)
+class EchoLogits:
+    """The echo engine's "logits": the one token it predicts next."""
+
+    next_token: int
+
+
+class _EchoSampler(Sampler):
+    def sample(self, logits: EchoLogits) -> int:
+        return logits.next_token
+
+
+class EchoEngine(Engine):
+    """See module docstring. max_context: tokens the simulated state can hold."""
+
+    def __init__(self, can_rewind: bool = True, max_context: int = 1 << 20,
+                 delay_ms: float = 0.0, model_id: str = "echo") -> None:
+        self.model_id = model_id
+        self.can_rewind = can_rewind
+        self.max_context = max_context
+        self.vocab_size = VOCAB_SIZE
+        self.delay_ms = delay_ms
+        self._held: list[int] = []
+        self._source = b""
+        self._generated = 0
+        self.lock = threading.Lock()
+        # Counters the tests read: how much work the engine really did.
+        self.prefill_calls = 0
+        self.prefilled_tokens = 0
+        self.decoded_tokens = 0
+
+    @property
+    def n_past(self) -> int:
+        return len(self._held)
+
+    @property
+    def held_ids(self) -> list[int]:
+        """A copy of the simulated held sequence (for tests)."""
+        return list(self._held)
+
+    def reset(self) -> None:
+        self._held.clear()
+        self._source, self._generated = b"", 0
+
+    def _logits(self) -> EchoLogits:
+        if self._generated < len(self._source):
+            return EchoLogits(self._source[self._generated])
+        return EchoLogits(END)
+
+    def prefill(self, token_ids: Sequence[int]) -> EchoLogits:
+        if not token_ids:
+            raise EngineError("prefill needs at least one token")
+        if self.n_past + len(token_ids) > self.max_context:
+            raise EngineError(f"context overflow: {self.n_past} + {len(token_ids)} > {self.max_context}")
+        self._held.extend(int(t) for t in token_ids)
+        self.prefill_calls += 1
+        self.prefilled_tokens += len(token_ids)
+        self._source = self._compute_source(self._held)
+        self._generated = 0
+        return self._logits()
+
+    @staticmethod
+    def _compute_source(held: list[int]) -> bytes:
+        try:
+            start = len(held) - 1 - held[::-1].index(USER)
+        except ValueError:
+            return bytes(t for t in held if t < 256)
+        content = []
+        for token in held[start + 1:]:
+            if token == END:
+                break
+            if token < 256:
+                content.append(token)
+        return bytes(content)
+
+    def decode(self, token_id: int) -> EchoLogits:
+        if FAIL_MARKER in self._source:
+            raise RuntimeError("echo engine: injected failure (source contains FAIL!)")
+        if self.n_past + 1 > self.max_context:
+            raise EngineError(f"context overflow: {self.n_past} + 1 > {self.max_context}")
+        if self.delay_ms:
+            time.sleep(self.delay_ms / 1000.0)
+        self._held.append(int(token_id))
+        self._generated += 1
+        self.decoded_tokens += 1
+        return self._logits()
+
+    def rewind(self, n_tokens: int) -> None:
+        if not self.can_rewind:
+            raise EngineError("echo engine configured without rewind")
+        if not 0 <= n_tokens <= self.n_past:
+            raise EngineError(f"cannot rewind to {n_tokens} of {self.n_past} tokens")
+        del self._held[n_tokens:]
+        # Like a KV cache: the state is the tokens; the next prefill recomputes the source.
+
+    def make_sampler(self, params: SamplingParams) -> Sampler:
+        return _EchoSampler()
+
+    def snapshot(self) -> StateSnapshot:
+        return StateSnapshot(
+            n_past=self.n_past,
+            tensors={"held": np.asarray(self._held, dtype=np.int64)},
+            meta={"source": self._source.hex(), "generated": self._generated},
+            tensor_format="numpy",
+        )
+
+    def restore(self, snapshot: StateSnapshot) -> None:
+        self._held = [int(t) for t in snapshot.tensors["held"]]
+        self._source = bytes.fromhex(snapshot.meta.get("source", ""))
+        self._generated = int(snapshot.meta.get("generated", 0))
+
+    def state_nbytes(self) -> int:
+        return 8 * self.n_past
+
+    def take_checkpoint(self, logits: EchoLogits, turn_boundary: bool = False) -> Checkpoint | None:
+        if self.can_rewind:
+            return None
+        data = (self._source, self._generated)
+        return Checkpoint(self.n_past, logits, data, nbytes=64 + len(self._source),
+                          turn_boundary=turn_boundary)
+
+    def restore_checkpoint(self, checkpoint: Checkpoint) -> EchoLogits:
+        if checkpoint.position > self.n_past:
+            raise EngineError(f"checkpoint at {checkpoint.position} is past the held {self.n_past} tokens")
+        del self._held[checkpoint.position:]
+        self._source, self._generated = checkpoint.data
+        return checkpoint.logits
+
+    def fingerprint(self) -> str:
+        return f"echo-v1-rewind{int(self.can_rewind)}"

@@ -1,0 +1,74 @@
+"""Start-up and shutdown of the server process (uvicorn).
+
+SIGINT/SIGTERM: the running generation is stopped through its output path (its stream ends
+cleanly), waiting requests get 503 ``server is shutting down``, new connections are refused and
+the process exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import uvicorn
+
+from redlite.core.generation import Generator, GeneratorSettings
+from redlite.core.worker import EngineWorker
+from redlite.server.app import ServerState, create_app
+
+log = logging.getLogger("redlite")
+
+
+def build_engine(args: argparse.Namespace):
+    """(engine, tokenizer) for the CLI options; the torch stack is imported only when used."""
+    if args.engine == "echo":
+        from redlite.core.byte_tokenizer import ByteTokenizer
+        from redlite.engine.echo import EchoEngine
+        engine = EchoEngine(can_rewind=not args.echo_no_rewind,
+                            max_context=args.ctx_size or 1 << 20, delay_ms=args.echo_delay_ms)
+        return engine, ByteTokenizer()
+    from redlite.engine.factory import load_engine
+    return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, plus: stop the engine worker first on a signal; log cold start."""
+
+    def __init__(self, config: uvicorn.Config, worker: EngineWorker, cold_start) -> None:
+        super().__init__(config)
+        self._worker, self._cold_start = worker, cold_start
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:
+            log.info("signal %s: stopping the running generation, refusing waiting requests", sig)
+            self._worker.shutdown(wait_s=0.0)
+        super().handle_exit(sig, frame)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            log.info("listening on http://%s:%d (cold start %.2f s from process start)",
+                     self.config.host, self.config.port, self._cold_start())
+
+
+def serve(args: argparse.Namespace) -> int:
+    from redlite.cli import process_age_s
+
+    started = time.perf_counter()
+    engine, tokenizer = build_engine(args)
+    log.info("engine %s model %s context %d tokens, loaded in %.2f s", args.engine,
+             engine.model_id, engine.max_context, time.perf_counter() - started)
+    settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
+                                 checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)))
+    worker = EngineWorker(Generator(engine, tokenizer, settings), max_queue=args.queue)
+    state = ServerState(worker, tokenizer, engine.model_id, engine.max_context,
+                        max_body_bytes=int(args.max_body_mib * (1 << 20)),
+                        body_timeout_s=args.body_timeout_s)
+    config = uvicorn.Config(create_app(state), host=args.host, port=args.port,
+                            log_level="warning", timeout_graceful_shutdown=3,
+                            timeout_keep_alive=int(max(1, args.header_timeout_s)))
+    server = _Server(config, worker, process_age_s)
+    server.run()
+    worker.shutdown(wait_s=1.0)
+    return 0
