@@ -32,7 +32,11 @@ class _ByteDecoder:
         return self._decoder.decode(bytes([token_id]))
 
     def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
+        """End of generation: an incomplete trailing character is dropped, not sent as U+FFFD
+        (as with the tokenizers library's DecodeStream, which never emits it)."""
+        pending, _ = self._decoder.getstate()
+        self._decoder.reset()
+        return pending.decode("utf-8", errors="ignore")
 
 
 class ByteTokenizer:

@@ -60,7 +60,8 @@ class GenerationResult:
 @dataclass
 class GeneratorSettings:
     """reuse: False for ``--no-reuse``. checkpoint_interval: tokens between checkpoints inside
-    long prefills (``--checkpoint-interval``). checkpoint_bytes: ``--checkpoint-mib`` in bytes."""
+    long prefills (``--checkpoint-interval``). checkpoint_bytes: ``--checkpoint-mib`` in bytes;
+    0 disables checkpoints (an engine that cannot rewind then resets on every fork)."""
 
     reuse: bool = True
     checkpoint_interval: int = 1024
@@ -108,7 +109,7 @@ class Generator:
         self.failed = False
         if plan.keep == len(prompt):
             return logits
-        if engine.can_rewind:
+        if engine.can_rewind or self.settings.checkpoint_bytes <= 0:
             logits = engine.prefill(prompt[plan.keep:])
             self.held_ids.extend(prompt[plan.keep:])
             return logits
@@ -191,6 +192,6 @@ class Generator:
                 yield tail
         elapsed = self._clock() - decode_started
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
-        log.info("%s generated %d tok, decode %.1f tok/s, finish %s", request.request_id,
-                 generated, rate, finish)
+        log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
+                 request.request_id, generated, rate, finish, len(self.held_ids))
         yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan)

@@ -44,6 +44,9 @@ class _Server(uvicorn.Server):
             log.info("signal %s: stopping the running generation, refusing waiting requests", sig)
             self._worker.shutdown(wait_s=0.0)
         super().handle_exit(sig, frame)
+        # uvicorn re-raises captured signals after its shutdown (the process would then die of
+        # the signal); a requested stop is a normal exit with status 0.
+        self._captured_signals.clear()
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
