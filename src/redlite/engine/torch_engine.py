@@ -1,0 +1,155 @@
+"""The PyTorch engine: one sequence of a :class:`~redlite.models.base.CausalLM` with a
+preallocated state (see :mod:`redlite.engine.base` for the contract)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from redlite.engine.base import Engine, EngineError, SamplingParams, StateSnapshot
+from redlite.engine.sampling import TorchSampler
+
+CPU_MAX_CONTEXT = 8192
+
+
+class TorchEngine(Engine):
+    """Serves one sequence of ``model`` (a ``CausalLM``) on ``device`` in ``dtype``.
+
+    ``ctx_size``: capacity in tokens (default: the model's ``max_position_embeddings``,
+    capped at 8192 on CPU). ``prefill_chunk``: the most tokens fed in one forward pass
+    (bounds activation memory for long prompts). Logits are float32 ``[vocab]`` tensors on
+    ``device``. ``can_rewind`` follows the model state (True for KV-cache-only models).
+    """
+
+    def __init__(self, model, *, model_id: str = "model", ctx_size: int | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 prefill_chunk: int = 2048):
+        params = next(model.parameters())
+        self.model = model
+        self.device = torch.device(device) if device is not None else params.device
+        self.dtype = dtype or params.dtype
+        self.model_id = model_id
+        limit = int(model.max_position_embeddings)
+        if ctx_size is None:
+            ctx_size = min(limit, CPU_MAX_CONTEXT) if self.device.type == "cpu" else limit
+        if ctx_size < 1:
+            raise EngineError(f"ctx_size must be >= 1, got {ctx_size}")
+        self.max_context = int(ctx_size)
+        self.vocab_size = int(model.vocab_size)
+        self.prefill_chunk = max(1, int(prefill_chunk))
+        self.state = model.new_state(self.max_context, self.device, self.dtype)
+        self.can_rewind = bool(self.state.can_truncate)
+        self._token = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._fingerprint: str | None = None
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, ctx_size: int | None = None,
+                        device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                        model_id: str | None = None, **kwargs: Any) -> "TorchEngine":
+        """Load a Hugging Face directory (``config.json`` + safetensors) into an engine.
+        ``model_id`` defaults to the directory name. Raises what
+        :func:`redlite.loading.hf.load_hf_model` raises."""
+        from redlite.loading.hf import load_hf_model
+
+        model, _config = load_hf_model(path, device, dtype)
+        return cls(model, model_id=model_id or Path(path).name, ctx_size=ctx_size,
+                   device=device, dtype=dtype, **kwargs)
+
+    @property
+    def n_past(self) -> int:
+        return self.state.n_past
+
+    def reset(self) -> None:
+        if self.can_rewind:
+            self.state.truncate(0)
+        else:
+            self.state = self.model.new_state(self.max_context, self.device, self.dtype)
+
+    def prefill(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Feed ``token_ids`` after the held tokens; return float32 logits ``[vocab]`` of the
+        last position. Raises ``EngineError`` for no tokens, an id out of range, or when
+        ``n_past + len(token_ids) > max_context`` (state unchanged)."""
+        n_new = len(token_ids)
+        if n_new == 0:
+            raise EngineError("prefill needs at least one token")
+        if self.n_past + n_new > self.max_context:
+            raise EngineError(f"context overflow: {self.n_past} held + {n_new} new tokens > "
+                              f"ctx_size {self.max_context}")
+        ids = torch.as_tensor(token_ids, dtype=torch.long)
+        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
+            raise EngineError(f"token id out of range [0, {self.vocab_size})")
+        ids = ids.to(self.device)
+        with torch.inference_mode():
+            for begin in range(0, n_new, self.prefill_chunk):
+                logits = self.model(ids[begin:begin + self.prefill_chunk], self.state)
+        return logits[0]
+
+    def decode(self, token_id: int) -> torch.Tensor:
+        """Feed one token; return float32 logits ``[vocab]`` of the next position.
+        Raises ``EngineError`` on context overflow or an id out of range."""
+        if self.n_past >= self.max_context:
+            raise EngineError(f"context overflow: ctx_size {self.max_context} tokens held")
+        if not 0 <= token_id < self.vocab_size:
+            raise EngineError(f"token id {token_id} out of range [0, {self.vocab_size})")
+        with torch.inference_mode():
+            self._token.fill_(token_id)
+            return self.model(self._token, self.state)[0]
+
+    def rewind(self, n_tokens: int) -> None:
+        if not self.can_rewind:
+            raise EngineError(f"{type(self.model).__name__} state cannot rewind")
+        if not 0 <= n_tokens <= self.n_past:
+            raise EngineError(f"cannot rewind {self.n_past} tokens to {n_tokens}")
+        self.state.truncate(n_tokens)
+
+    def make_sampler(self, params: SamplingParams) -> TorchSampler:
+        return TorchSampler(params, self.device)
+
+    def snapshot(self) -> StateSnapshot:
+        """CPU copy of the held state (``tensor_format="torch"``); ``meta`` names the model
+        fingerprint, dtype and the state's layout."""
+        with torch.inference_mode():
+            tensors = self.state.export()
+        meta = {"fingerprint": self.fingerprint(), "dtype": str(self.dtype).removeprefix("torch."),
+                "layout": type(self.state).__name__}
+        return StateSnapshot(n_past=self.n_past, tensors=tensors, meta=meta, tensor_format="torch")
+
+    def restore(self, snapshot: StateSnapshot) -> None:
+        """Replace the held state by ``snapshot``. Raises ``EngineError`` when it was taken
+        from another model, does not fit ``max_context``, or its tensors do not match."""
+        found = snapshot.meta.get("fingerprint")
+        if found is not None and found != self.fingerprint():
+            raise EngineError("snapshot was taken from another model")
+        if snapshot.tensor_format != "torch":
+            raise EngineError(f"cannot restore a {snapshot.tensor_format!r} snapshot")
+        if not 0 <= snapshot.n_past <= self.max_context:
+            raise EngineError(f"snapshot of {snapshot.n_past} tokens exceeds ctx_size {self.max_context}")
+        try:
+            with torch.inference_mode():
+                self.state.load(snapshot.tensors, snapshot.n_past)
+        except EngineError:
+            self.reset()
+            raise
+
+    def state_nbytes(self) -> int:
+        return int(self.state.nbytes())
+
+    def fingerprint(self) -> str:
+        """sha256 (hex, 32 chars) of the config, dtype and a cheap digest of every weight
+        (name, shape, dtype, float64 sum, first 64 bytes)."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            h.update(json.dumps(self.model.config, sort_keys=True, default=str).encode())
+            h.update(str(self.dtype).encode())
+            with torch.inference_mode():
+                for name, tensor in self.model.state_dict().items():
+                    flat = tensor.detach().reshape(-1)
+                    head = flat[:16].float().cpu().numpy().tobytes()
+                    h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:"
+                             f"{float(flat.sum(dtype=torch.float64)):.10e}:".encode() + head)
+            self._fingerprint = h.hexdigest()[:32]
+        return self._fingerprint

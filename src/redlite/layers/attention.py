@@ -1,0 +1,100 @@
+"""Grouped-query self-attention of the Llama family, writing into a preallocated KV cache.
+
+Covers Llama/Mistral (no bias, or ``attention_bias`` on all four projections), Qwen2
+(bias on q/k/v only) and Qwen3 (RMSNorm over each q and k head before RoPE).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from redlite.layers.rotary import apply_rotary
+
+
+def causal_mask(start: int, n_new: int, window: int | None, device) -> torch.Tensor:
+    """Boolean mask ``[n_new, start + n_new]``: query ``i`` (position ``start + i``) may see
+    key ``j`` iff ``j <= start + i`` and, with a sliding ``window``, ``start + i - j < window``."""
+    q_pos = torch.arange(start, start + n_new, device=device)[:, None]
+    k_pos = torch.arange(start + n_new, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask
+
+
+class Attention(nn.Module):
+    """Self-attention with ``n_heads`` query heads sharing ``n_kv_heads`` key/value heads.
+
+    Parameters (uninitialised until :meth:`load`): ``qkv_weight``
+    [(n_heads + 2 * n_kv_heads) * head_dim, hidden] (q rows, then k, then v), optional
+    ``qkv_bias``; ``o_weight`` [hidden, n_heads * head_dim], optional ``o_bias``; with
+    ``qk_norm``, ``qk_norm_weight`` [n_heads + n_kv_heads, head_dim] (the q-norm weight
+    repeated per q head, then the k-norm weight per k head).
+    ``window``: sliding-window size in tokens (None: full attention).
+    """
+
+    def __init__(self, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
+                 qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False,
+                 norm_eps: float = 1e-6, window: int | None = None, device=None, dtype=None):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.qk_dim = (n_heads + n_kv_heads) * head_dim
+        self.norm_eps = float(norm_eps)
+        self.window = window
+
+        def param(*shape):
+            return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
+
+        self.qkv_weight = param((n_heads + 2 * n_kv_heads) * head_dim, hidden)
+        self.qkv_bias = param((n_heads + 2 * n_kv_heads) * head_dim) if qkv_bias else None
+        self.o_weight = param(hidden, n_heads * head_dim)
+        self.o_bias = param(hidden) if o_bias else None
+        self.qk_norm_weight = param(n_heads + n_kv_heads, head_dim) if qk_norm else None
+
+    def load(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+             biases: tuple | None = None, q_norm: torch.Tensor | None = None,
+             k_norm: torch.Tensor | None = None) -> None:
+        """Copy Hugging Face ``q_proj``/``k_proj``/``v_proj``/``o_proj`` weights; ``biases``
+        is ``(q, k, v, o)`` with None where absent; ``q_norm``/``k_norm`` are ``[head_dim]``."""
+        nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.qkv_weight[:nq].copy_(q)
+        self.qkv_weight[nq:nq + nk].copy_(k)
+        self.qkv_weight[nq + nk:].copy_(v)
+        self.o_weight.copy_(o)
+        if self.qkv_bias is not None:
+            self.qkv_bias.copy_(torch.cat([b.reshape(-1) for b in biases[:3]]))
+        if self.o_bias is not None:
+            self.o_bias.copy_(biases[3])
+        if self.qk_norm_weight is not None:
+            self.qk_norm_weight[: self.n_heads].copy_(q_norm)
+            self.qk_norm_weight[self.n_heads:].copy_(k_norm)
+
+    def forward(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
+                keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attend ``x`` ([T, hidden]) at positions ``start .. start + T - 1``.
+
+        ``cos``/``sin``: rotary tables ``[T, 1, rotary_dim]``. ``keys``/``values``: this
+        layer's cache ``[n_kv_heads, max_tokens, head_dim]``; positions ``< start`` are read,
+        the T new ones written. ``mask``: bool ``[T, start + T]`` (see :func:`causal_mask`),
+        or None for plain causal attention from position 0 or for a single token.
+        Returns ``[T, hidden]``.
+        """
+        n_new = x.shape[0]
+        end = start + n_new
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qk = qkv[:, : self.qk_dim].unflatten(-1, (self.n_heads + self.n_kv_heads, self.head_dim))
+        if self.qk_norm_weight is not None:
+            qk = F.rms_norm(qk, (self.head_dim,), None, self.norm_eps) * self.qk_norm_weight
+        qk = apply_rotary(qk, cos, sin)
+        keys[:, start:end] = qk[:, self.n_heads:].transpose(0, 1)
+        values[:, start:end] = qkv[:, self.qk_dim:].unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(0, 1)
+        first = 0
+        if mask is None and n_new == 1 and self.window is not None:
+            first = max(0, end - self.window)
+        q = qk[:, : self.n_heads].transpose(0, 1)
+        out = F.scaled_dot_product_attention(
+            q, keys[:, first:end], values[:, first:end], attn_mask=mask,
+            is_causal=mask is None and n_new > 1, enable_gqa=self.n_heads != self.n_kv_heads)
+        return F.linear(out.transpose(0, 1).reshape(n_new, -1), self.o_weight, self.o_bias)

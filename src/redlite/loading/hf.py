@@ -1,0 +1,86 @@
+"""Load a Hugging Face model directory (``config.json`` + ``*.safetensors``, sharded too)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` dict of a model directory. Raises ``FileNotFoundError``."""
+    with open(Path(path) / "config.json", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def safetensors_files(path: str | Path) -> list[Path]:
+    """The weight files of a model directory: those named by
+    ``model.safetensors.index.json`` when present, else every ``*.safetensors`` (sorted).
+    Raises ``FileNotFoundError`` when there are none."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}")
+    return files
+
+
+class LazyTensors(Mapping):
+    """Read-only ``name -> torch.Tensor`` view of safetensors files; each tensor is read
+    (on CPU, in its stored dtype) when looked up, so peak memory stays near one tensor."""
+
+    def __init__(self, files: list[Path]):
+        self._handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
+        self._where = {name: h for h in self._handles for name in h.keys()}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._where[name].get_tensor(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def default_device() -> torch.device:
+    """``cuda`` when available, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """bfloat16 on CUDA, float32 elsewhere."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def load_hf_model(path: str | Path, device: torch.device | str | None = None,
+                  dtype: torch.dtype | None = None):
+    """Build and load the model of a Hugging Face directory.
+
+    Returns ``(model, config)``: a :class:`~redlite.models.base.CausalLM` in eval mode on
+    ``device`` (default :func:`default_device`) holding weights in ``dtype`` (default
+    :func:`default_dtype`), and the ``config.json`` dict. A checkpoint without
+    ``lm_head.weight`` is loaded with tied embeddings. Raises ``FileNotFoundError``,
+    ``ValueError`` (unsupported architecture) or ``KeyError`` (missing weight).
+    """
+    from redlite.models import resolve_model_class
+
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    config = read_config(path)
+    tensors = LazyTensors(safetensors_files(path))
+    build_config = dict(config)
+    if "lm_head.weight" not in tensors:
+        build_config["tie_word_embeddings"] = True
+    model = resolve_model_class(build_config)(build_config, device=device, dtype=dtype)
+    with torch.inference_mode():
+        model.load_hf_weights(tensors)
+    return model.eval(), config
