@@ -1,0 +1,80 @@
+"""Checkpoints for engines that cannot rewind: the store's rules (unit) and restore through a
+real server with the echo engine in its non-rewindable mode."""
+
+import httpx
+
+from redlite.core.byte_tokenizer import ByteTokenizer
+from redlite.core.checkpoints import CheckpointStore, prefill_split_points
+from redlite.engine.base import Checkpoint
+
+tok = ByteTokenizer()
+
+
+def cp(position, nbytes=100, turn=False):
+    return Checkpoint(position, logits=None, data=None, nbytes=nbytes, turn_boundary=turn)
+
+
+def test_split_points():
+    assert prefill_split_points(0, 10, [], 0) == [10]
+    assert prefill_split_points(0, 3000, [5, 2999, 3000, 4000], 1024) == [5, 1024, 2048, 2999, 3000]
+    assert prefill_split_points(1500, 2100, [1400, 1600], 1024) == [1600, 2048, 2100]
+
+
+def test_store_keeps_turn_boundaries_and_newest_and_thins_evenly():
+    store = CheckpointStore(budget_bytes=1000)
+    store.add(cp(100, turn=True))
+    for position in range(200, 1300, 100):
+        store.add(cp(position))
+    assert store.nbytes <= 1000
+    positions = store.positions
+    assert positions[0] == 100 and positions[-1] == 1200
+    gaps = [b - a for a, b in zip(positions, positions[1:])]
+    assert max(gaps) <= 2 * min(gaps)  # evenly thinned, no large hole
+    store.drop_after(700)
+    assert store.positions[-1] <= 700
+    store.add(cp(700))
+    assert store.get(700) is not None and store.positions.count(700) == 1
+
+
+def test_store_over_budget_with_only_turn_boundaries_drops_oldest():
+    store = CheckpointStore(budget_bytes=250)
+    for position in (10, 20, 30):
+        store.add(cp(position, turn=True))
+    assert store.positions == [20, 30]
+
+
+def ask(server, messages):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": messages}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_forks_restore_from_checkpoints_and_match_a_cold_server(start_server):
+    warm = start_server("--echo-no-rewind")
+    cold = start_server("--echo-no-rewind", "--no-reuse")
+    system = {"role": "system", "content": "be brief"}
+    turn1 = [system, {"role": "user", "content": "first question"}]
+    answer1, _ = ask(warm, turn1)
+    turn2 = turn1 + [{"role": "assistant", "content": answer1}, {"role": "user", "content": "second one"}]
+    answer2, cached = ask(warm, turn2)
+    assert cached == len(tok.render_chat(turn1).token_ids) + len(answer1)  # a plain extension
+
+    # edited last user message: restore the checkpoint at the end of the assistant message
+    edited = turn1 + [{"role": "assistant", "content": answer1}, {"role": "user", "content": "second TWO"}]
+    boundary = tok.render_chat(turn1 + [{"role": "assistant", "content": answer1}]).message_ends[-1]
+    answer, cached = ask(warm, edited)
+    assert (answer, cached) == (ask(cold, edited)[0], boundary)
+
+    # regenerated answer: the whole prompt is cached and ends at a checkpoint: zero prefill
+    answer, cached = ask(warm, edited)
+    assert (answer, cached) == ("second TWO", len(tok.render_chat(edited).token_ids))
+    last_prefill = [line for line in warm.log().splitlines() if " prefill " in line][-1]
+    assert " prefill 0 tok " in last_prefill, last_prefill
+
+    # answer trimmed by the client: restore the turn boundary before the answer
+    trimmed = edited + [{"role": "assistant", "content": "second"}, {"role": "user", "content": "go on"}]
+    answer, cached = ask(warm, trimmed)
+    assert (answer, cached) == (ask(cold, trimmed)[0], len(tok.render_chat(edited).token_ids))
+    assert "restore from checkpoint at" in warm.log()
+    assert "checkpoints: " in warm.log()
