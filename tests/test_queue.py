@@ -176,3 +176,17 @@ def test_half_header_client_does_not_delay_others(start_server):
         assert elapsed < baseline + 0.2, (elapsed, baseline)
     finally:
         stalled.close()
+
+
+def test_connection_with_incomplete_headers_is_closed_after_the_header_timeout(start_server):
+    server = start_server("--header-timeout-s", "0.5")
+    stalled = socket.create_connection(("127.0.0.1", server.port))
+    stalled.settimeout(5)
+    try:
+        stalled.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: loc")
+        started = time.monotonic()
+        assert stalled.recv(1024) == b""  # closed by the server
+        assert 0.3 < time.monotonic() - started < 3
+    finally:
+        stalled.close()
+    assert httpx.get(server.url + "/health").status_code == 200

@@ -16,6 +16,7 @@ import uvicorn
 from redlite.core.generation import Generator, GeneratorSettings
 from redlite.core.worker import EngineWorker
 from redlite.server.app import ServerState, create_app
+from redlite.server.http_protocol import HeaderTimeoutProtocol
 
 log = logging.getLogger("redlite")
 
@@ -70,7 +71,8 @@ def serve(args: argparse.Namespace) -> int:
                         body_timeout_s=args.body_timeout_s)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port,
                             log_level="warning", timeout_graceful_shutdown=3,
-                            timeout_keep_alive=int(max(1, args.header_timeout_s)))
+                            http=HeaderTimeoutProtocol)
+    config.header_timeout_s = args.header_timeout_s
     server = _Server(config, worker, process_age_s)
     server.run()
     worker.shutdown(wait_s=1.0)
