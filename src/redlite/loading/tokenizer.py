@@ -1,0 +1,268 @@
+"""The served model's tokenizer and chat template (transformers + tokenizers).
+
+:class:`HFTokenizer` implements :class:`redlite.core.tokenizer.Tokenizer` on a transformers
+fast tokenizer: tokenization, decoding and streaming decoding go through the underlying
+``tokenizers.Tokenizer`` (one pipeline, so ``decode`` and the incremental decoder agree);
+chat rendering goes through transformers' ``apply_chat_template`` (the model's Jinja template).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from redlite.core.tokenizer import RenderedPrompt
+
+logger = logging.getLogger("redlite.loading")
+
+#: End-of-turn / end-of-text tokens of common chat models (ChatML, Llama 3, GPT-2 style);
+#: each one present in the vocabulary is an eos id.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>")
+
+# Files any one of which makes a directory hold a tokenizer transformers can load.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# Tokens of context kept for a decoder that restarts after flush().
+_CONTEXT_TOKENS = 8
+
+
+class StreamingDecoder:
+    """Incremental decoder (:class:`redlite.core.tokenizer.IncrementalDecoder`) of one stream.
+
+    Built on ``tokenizers.decoders.DecodeStream`` with ``skip_special_tokens=True``: a
+    character whose UTF-8 bytes are split over several tokens (byte-level BPE pieces,
+    ``<0xNN>`` byte-fallback tokens: emoji, CJK, accented letters) is held back until its
+    last byte arrives. The concatenation of every ``push`` result and the final ``flush``
+    equals ``tokenizer.decode(all pushed ids)``.
+    """
+
+    def __init__(self, backend: Any, context_ids: Sequence[int] = ()) -> None:
+        """backend: a ``tokenizers.Tokenizer``. context_ids: ids already in the text before
+        the first pushed token (e.g. the prompt's tail); they only give the decoder context
+        (a leading space of the first pushed token is kept) and are never emitted."""
+        self._backend = backend
+        self._context = [int(i) for i in context_ids][-_CONTEXT_TOKENS:]
+        self._reset()
+
+    def _reset(self) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        try:
+            self._stream = DecodeStream(ids=self._context or None, skip_special_tokens=True)
+        except TypeError:  # tokenizers < 0.22 has no prefill
+            self._stream = DecodeStream(skip_special_tokens=True)
+            self._context = []
+        self._ids: list[int] = []
+        self._emitted: list[str] = []
+
+    def push(self, token_id: int) -> str:
+        """Add one generated token id; return the text it completes ("" while a character is
+        still incomplete, or for a skipped special token)."""
+        token_id = int(token_id)
+        self._ids.append(token_id)
+        chunk = self._stream.step(self._backend, token_id)
+        if not chunk:
+            return ""
+        self._emitted.append(chunk)
+        return chunk
+
+    def flush(self) -> str:
+        """Return the text still held back and end the stream. Later pushes start a new
+        stream, with the last few tokens as context unless they end inside a character.
+        Only a stream that really ended inside a character yields U+FFFD here, exactly as
+        ``decode`` of the same ids does."""
+        rest = ""
+        if self._ids:
+            base = self._backend.decode(self._context, skip_special_tokens=True) if self._context else ""
+            full = self._backend.decode(self._context + self._ids, skip_special_tokens=True)
+            done = base + "".join(self._emitted)
+            if full.startswith(done):
+                rest = full[len(done) :]
+            else:  # should not happen: the stream's chunks are always a prefix of the full text
+                logger.debug("incremental decode diverged from full decode; dropping the held tail")
+        context = (self._context + self._ids)[-_CONTEXT_TOKENS:]
+        # A tail that cuts a character would garble the next stream's first character.
+        clean = "\ufffd" not in self._backend.decode(context, skip_special_tokens=True)
+        self._context = context if clean else []
+        self._reset()
+        return rest
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer as redlite's :class:`redlite.core.tokenizer.Tokenizer`.
+
+    vocab_size: ids the tokenizer knows (base vocabulary + added tokens; the model's
+        embedding may have more rows).
+    eos_token_ids: every id that ends a turn (see :func:`load_tokenizer`).
+    bos_token_id: the tokenizer's BOS id, or None.
+    add_bos: whether :meth:`encode` puts ``bos_token_id`` first: ``add_bos_token`` of
+        ``tokenizer_config.json`` (a converted GGUF copies ``tokenizer.ggml.add_bos_token``
+        there) when set, else whether the post-processor of ``tokenizer.json`` adds BOS
+        (e.g. Llama 3's template).
+    """
+
+    def __init__(self, tokenizer: Any, eos_token_ids: Iterable[int] = (), add_bos: bool | None = None) -> None:
+        """tokenizer: a transformers fast tokenizer (has ``backend_tokenizer``).
+        eos_token_ids: ids to treat as end of turn, in addition to the tokenizer's eos token
+        and the :data:`END_OF_TURN_TOKENS` present in its vocabulary.
+        add_bos: whether :meth:`encode` starts with BOS (``add_bos_token`` of
+        ``tokenizer_config.json``); None: probe whether the tokenizer's post-processor
+        (``tokenizer.json``) adds it.
+
+        Raises:
+            TypeError: a slow (Python) tokenizer, which has no ``tokenizers`` backend.
+        """
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise TypeError(f"{type(tokenizer).__name__} is not a fast tokenizer (no tokenizers backend)")
+        self._tok = tokenizer
+        self._backend = backend
+        self.vocab_size: int = len(tokenizer)
+        self.bos_token_id: int | None = tokenizer.bos_token_id
+
+        ids = {int(i) for i in eos_token_ids}
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        for token in END_OF_TURN_TOKENS:
+            token_id = backend.token_to_id(token)
+            if token_id is not None:
+                ids.add(int(token_id))
+        self.eos_token_ids: frozenset[int] = frozenset(ids)
+
+        if add_bos is None:
+            with_specials = backend.encode("a", add_special_tokens=True).ids
+            without = backend.encode("a", add_special_tokens=False).ids
+            add_bos = with_specials[:1] == [self.bos_token_id] and without[:1] != [self.bos_token_id]
+        self.add_bos: bool = bool(add_bos) and self.bos_token_id is not None
+
+    @property
+    def transformers_tokenizer(self) -> Any:
+        """The wrapped transformers tokenizer."""
+        return self._tok
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a raw completion prompt; ``bos_token_id`` first only when
+        :attr:`add_bos` (and the text does not already start with it). No EOS is added."""
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if self.add_bos and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` (ints), special tokens skipped."""
+        return self._backend.decode([int(i) for i in token_ids], skip_special_tokens=True)
+
+    def render_chat(self, messages: list[dict], **template_kwargs: Any) -> RenderedPrompt:
+        """Render ``messages`` with the chat template (``add_generation_prompt=True``) and
+        tokenize the text without adding special tokens (the template writes them).
+
+        ``message_ends[i]`` is the token count covering the rendering of ``messages[:i+1]``
+        (rendered without generation prompt): found by mapping that rendering's length, when
+        it is a prefix of the full text, to a token boundary through the tokenizer's char
+        offsets. A boundary that is not a prefix, falls inside a token, or does not advance
+        is left out, so ``message_ends`` may be shorter than ``messages``.
+        template_kwargs: passed to the template (e.g. ``enable_thinking=False``).
+
+        Raises:
+            ValueError: the tokenizer has no chat template (from transformers).
+            jinja2 errors raised by the template itself (e.g. ``raise_exception`` calls).
+        """
+        text = self._render(messages, add_generation_prompt=True, **template_kwargs)
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        ids = list(encoding.ids)
+        starts = [start for start, _ in encoding.offsets]
+        max_end: list[int] = []
+        running = 0
+        for _, end in encoding.offsets:
+            running = max(running, end)
+            max_end.append(running)
+
+        message_ends: list[int] = []
+        for i in range(len(messages)):
+            try:
+                prefix = self._render(messages[: i + 1], add_generation_prompt=False, **template_kwargs)
+            except Exception:  # a template may refuse a partial conversation
+                continue
+            if not text.startswith(prefix):
+                continue
+            chars = len(prefix)
+            count = bisect.bisect_left(starts, chars)  # tokens starting before the boundary
+            if count and max_end[count - 1] > chars:  # a token straddles the boundary
+                continue
+            if message_ends and count <= message_ends[-1]:
+                continue
+            message_ends.append(count)
+        return RenderedPrompt(token_ids=ids, message_ends=message_ends, text=text)
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool, **template_kwargs: Any) -> str:
+        text = self._tok.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, **template_kwargs
+        )
+        if not isinstance(text, str):
+            raise TypeError(f"apply_chat_template returned {type(text).__name__}, expected str")
+        return text
+
+    def incremental_decoder(self, context_ids: Sequence[int] = ()) -> StreamingDecoder:
+        """A fresh :class:`StreamingDecoder`; ``context_ids`` (e.g. the prompt) only give
+        the decoder left context and are not emitted."""
+        return StreamingDecoder(self._backend, context_ids)
+
+
+def load_tokenizer(model_dir: str | os.PathLike[str]) -> HFTokenizer:
+    """Load the tokenizer of a Hugging Face model directory (e.g. from
+    :func:`redlite.loading.gguf.resolve_model_dir`).
+
+    Uses ``PreTrainedTokenizerFast`` straight from ``tokenizer.json`` when present (a much
+    lighter import than ``AutoTokenizer``), else ``AutoTokenizer``. BOS: see
+    :attr:`HFTokenizer.add_bos` (transformers 5 ignores ``add_bos_token`` for a plain
+    ``tokenizer.json``, so it is read here). The eos ids gathered:
+    ``eos_token_id`` (int or list) of ``generation_config.json`` and ``config.json`` (also
+    its ``text_config``), the tokenizer's eos token, and the :data:`END_OF_TURN_TOKENS` in
+    the vocabulary.
+
+    Raises:
+        FileNotFoundError: ``model_dir`` holds no tokenizer files.
+        TypeError: only a slow tokenizer could be loaded.
+    """
+    directory = Path(model_dir)
+    if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
+        raise FileNotFoundError(f"no tokenizer files ({', '.join(_TOKENIZER_FILES)}) in {directory}")
+    if (directory / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+
+    add_bos: bool | None = None
+    config_path = directory / "tokenizer_config.json"
+    if config_path.is_file():
+        try:
+            value = json.loads(config_path.read_text(encoding="utf-8")).get("add_bos_token")
+        except (OSError, ValueError, AttributeError):
+            value = None
+        if isinstance(value, bool):
+            add_bos = value
+
+    eos: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            logger.warning("cannot read %s: %s", path, err)
+            continue
+        for section in (data, data.get("text_config") or {}):
+            value = section.get("eos_token_id") if isinstance(section, dict) else None
+            if isinstance(value, int):
+                eos.append(value)
+            elif isinstance(value, list):
+                eos.extend(int(v) for v in value if isinstance(v, int))
+    return HFTokenizer(tokenizer, eos_token_ids=eos, add_bos=add_bos)
