@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from redlite.layers.linear import linear_kernel
 from redlite.layers.rotary import apply_rotary
 
 
@@ -43,6 +44,7 @@ class Attention(nn.Module):
         self.qk_dim = (n_heads + n_kv_heads) * head_dim
         self.norm_eps = float(norm_eps)
         self.window = window
+        self.linear = linear_kernel(device, dtype)
 
         def param(*shape):
             return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
@@ -83,7 +85,7 @@ class Attention(nn.Module):
         """
         n_new = x.shape[0]
         end = start + n_new
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
         qk = qkv[:, : self.qk_dim].unflatten(-1, (self.n_heads + self.n_kv_heads, self.head_dim))
         if self.qk_norm_weight is not None:
             qk = F.rms_norm(qk, (self.head_dim,), None, self.norm_eps) * self.qk_norm_weight
@@ -93,8 +95,9 @@ class Attention(nn.Module):
         first = 0
         if mask is None and n_new == 1 and self.window is not None:
             first = max(0, end - self.window)
-        q = qk[:, : self.n_heads].transpose(0, 1)
+        # 4-D inputs: the CPU flash kernel rejects 3-D ones (and the math fallback is slow).
+        q = qk[None, :, : self.n_heads].transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            q, keys[:, first:end], values[:, first:end], attn_mask=mask,
+            q, keys[None, :, first:end], values[None, :, first:end], attn_mask=mask,
             is_causal=mask is None and n_new > 1, enable_gqa=self.n_heads != self.n_kv_heads)
-        return F.linear(out.transpose(0, 1).reshape(n_new, -1), self.o_weight, self.o_bias)
+        return self.linear(out[0].transpose(0, 1).reshape(n_new, -1), self.o_weight, self.o_bias)

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from redlite.layers.linear import linear_kernel
+
 
 class SwiGLU(nn.Module):
     """Feed-forward of the Llama family.
@@ -18,6 +20,7 @@ class SwiGLU(nn.Module):
     def __init__(self, hidden: int, inter: int, bias: bool = False, device=None, dtype=None):
         super().__init__()
         self.inter = inter
+        self.linear = linear_kernel(device, dtype)
 
         def param(*shape):
             return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
@@ -42,6 +45,6 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: [T, hidden] -> [T, hidden], same dtype."""
-        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
+        gate_up = self.linear(x, self.gate_up_weight, self.gate_up_bias)
         gate, up = gate_up.split(self.inter, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        return self.linear(F.silu(gate) * up, self.down_weight, self.down_bias)

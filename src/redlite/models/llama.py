@@ -17,6 +17,7 @@ from torch import nn
 from redlite.engine.base import EngineError
 from redlite.layers.attention import Attention, causal_mask
 from redlite.layers.kv_cache import KVCache
+from redlite.layers.linear import linear_kernel
 from redlite.layers.mlp import SwiGLU
 from redlite.layers.norm import RMSNorm, rms_norm
 from redlite.layers.rotary import RotaryTable
@@ -141,6 +142,7 @@ class LlamaModel(CausalLM):
         self.lm_head_weight = self.embed_weight if spec.tied else nn.Parameter(
             torch.empty(spec.vocab, spec.hidden, device=device, dtype=dtype), requires_grad=False)
         self.rotary = RotaryTable.from_config(config, spec.head_dim)
+        self.linear = linear_kernel(device, dtype)
         self._windows = sorted({w for w in spec.windows}, key=lambda w: (w is not None, w or 0))
 
     def load_hf_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -196,4 +198,4 @@ class LlamaModel(CausalLM):
         if not all_logits:
             x = x[-1:]
         x = rms_norm(x, self.norm.weight, self.norm.eps)
-        return F.linear(x, self.lm_head_weight).float()
+        return self.linear(x, self.lm_head_weight, None).float()
