@@ -19,6 +19,10 @@ REGISTRY: dict[str, str] = {
     "mistral": "redlite.models.llama:LlamaModel",
     "qwen2": "redlite.models.llama:LlamaModel",
     "qwen3": "redlite.models.llama:LlamaModel",
+    "Qwen3_5ForCausalLM": "redlite.models.qwen3_5:Qwen3_5Model",
+    "Qwen3_5ForConditionalGeneration": "redlite.models.qwen3_5:Qwen3_5Model",
+    "qwen3_5": "redlite.models.qwen3_5:Qwen3_5Model",
+    "qwen3_5_text": "redlite.models.qwen3_5:Qwen3_5Model",
 }
 
 
