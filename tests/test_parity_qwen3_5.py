@@ -373,7 +373,7 @@ def _cuda_fla_or_skip():
     from redlite.layers.gated_deltanet import fla_available
 
     if not fla_available(torch.device("cuda")):
-        pytest.skip("flash-linear-attention is not installed")
+        pytest.skip("flash-linear-attention unavailable (not installed, or REDLITE_NO_FLA set)")
 
 
 @pytest.fixture(scope="module")
