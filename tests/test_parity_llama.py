@@ -211,3 +211,69 @@ def test_rope_frequencies_match_transformers(rope):
     ref, ref_scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, "cpu")
     ours, scale = inv_frequencies(16, rope_parameters(config.to_dict()), COMMON["max_position_embeddings"])
     assert torch.allclose(ours, ref.float(), rtol=1e-6, atol=0) and abs(scale - ref_scale) < 1e-7
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-3), (torch.bfloat16, 0.15)])
+def test_cuda_matches_transformers(llama, dtype, tol):
+    hf_cpu, path = llama
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to("cuda").eval()
+    engine = TorchEngine.from_pretrained(path, device="cuda", dtype=dtype)
+    ids = _prompt(20, seed=8)
+    logits = [engine.prefill(ids)]
+    for _ in range(8):
+        ids.append(int(torch.argmax(logits[-1])))
+        logits.append(engine.decode(ids[-1]))
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids], device="cuda")).logits[0, 19:].float()
+    ours = torch.stack(logits)
+    assert ours.device.type == "cuda" and ours.dtype == torch.float32
+    assert (ours - ref).abs().max().item() < tol
+    snap = engine.snapshot()
+    assert all(t.device.type == "cpu" for t in snap.tensors.values())
+    expected = engine.decode(7)
+    engine.restore(snap)
+    assert torch.equal(engine.decode(7), expected)
+    sampler = engine.make_sampler(SamplingParams(temperature=0.8, top_p=0.9, seed=1))
+    assert 0 <= sampler.sample(expected) < COMMON["vocab_size"]
+
+
+def test_engine_checkpoints_on_a_recurrent_model():
+    """TorchEngine over a model whose state cannot truncate (Qwen3.5 hybrid): rollback goes
+    through take_checkpoint/restore_checkpoint and their host form."""
+    qwen3_5 = pytest.importorskip("redlite.models.qwen3_5")
+    config_cls = getattr(transformers, "Qwen3_5TextConfig", None)
+    if config_cls is None:
+        pytest.skip("transformers has no Qwen3.5")
+    config = config_cls(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+                        linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"])
+    model = qwen3_5.Qwen3_5Model(config.to_dict())
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    engine = TorchEngine(model.eval(), ctx_size=64)
+    assert not engine.can_rewind
+    ids, more = [i % 97 for i in _prompt(10, seed=9)], [i % 97 for i in _prompt(5, seed=10)]
+    logits = engine.prefill(ids)
+    checkpoint = engine.take_checkpoint(logits, turn_boundary=True)
+    assert checkpoint.position == 10 and checkpoint.nbytes > 0
+    after = engine.prefill(more)
+    with pytest.raises(EngineError):
+        engine.rewind(10)
+    assert torch.equal(engine.restore_checkpoint(checkpoint), logits)
+    assert engine.n_past == 10
+    assert (engine.prefill(more) - after).abs().max().item() < 1e-5
+    tensors, meta = engine.checkpoint_to_tensors(checkpoint)
+    rebuilt = engine.checkpoint_from_tensors(10, tensors, meta, turn_boundary=True)
+    assert torch.equal(engine.restore_checkpoint(rebuilt), logits) and engine.n_past == 10
+    assert (engine.prefill(more) - after).abs().max().item() < 1e-5
+    snap = engine.snapshot()
+    expected = engine.decode(4)
+    engine.reset()
+    assert engine.n_past == 0
+    engine.restore(snap)
+    assert engine.n_past == 15 and torch.equal(engine.decode(4), expected)

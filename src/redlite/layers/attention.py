@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from redlite.layers.linear import linear_kernel
+from redlite.layers.norm import rms_norm
 from redlite.layers.rotary import apply_rotary
 
 
@@ -85,19 +86,25 @@ class Attention(nn.Module):
         """
         n_new = x.shape[0]
         end = start + n_new
+        heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
-        qk = qkv[:, : self.qk_dim].unflatten(-1, (self.n_heads + self.n_kv_heads, self.head_dim))
+        qk = qkv[:, : self.qk_dim].unflatten(-1, (heads + kv_heads, head_dim))
         if self.qk_norm_weight is not None:
-            qk = F.rms_norm(qk, (self.head_dim,), None, self.norm_eps) * self.qk_norm_weight
+            qk = rms_norm(qk, self.qk_norm_weight, self.norm_eps)
         qk = apply_rotary(qk, cos, sin)
-        keys[:, start:end] = qk[:, self.n_heads:].transpose(0, 1)
-        values[:, start:end] = qkv[:, self.qk_dim:].unflatten(-1, (self.n_kv_heads, self.head_dim)).transpose(0, 1)
-        first = 0
-        if mask is None and n_new == 1 and self.window is not None:
-            first = max(0, end - self.window)
+        v = qkv[:, self.qk_dim:].unflatten(-1, (kv_heads, head_dim))
+        keys.narrow(1, start, n_new).copy_(qk[:, heads:].transpose(0, 1))
+        values.narrow(1, start, n_new).copy_(v.transpose(0, 1))
+        if n_new == 1 and mask is None:
+            # One query sees every held key: group the query heads of each key/value head as
+            # "positions" of one attention per kv head (no mask, no repeat of K/V).
+            first = 0 if self.window is None else max(0, end - self.window)
+            q = qk[0, :heads].view(1, kv_heads, heads // kv_heads, head_dim)
+            out = F.scaled_dot_product_attention(q, keys[None, :, first:end], values[None, :, first:end])
+            return self.linear(out.view(1, heads * head_dim), self.o_weight, self.o_bias)
         # 4-D inputs: the CPU flash kernel rejects 3-D ones (and the math fallback is slow).
-        q = qk[None, :, : self.n_heads].transpose(1, 2)
+        q = qk[None, :, :heads].transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            q, keys[None, :, first:end], values[None, :, first:end], attn_mask=mask,
-            is_causal=mask is None and n_new > 1, enable_gqa=self.n_heads != self.n_kv_heads)
+            q, keys[None, :, :end], values[None, :, :end], attn_mask=mask,
+            is_causal=mask is None, enable_gqa=heads != kv_heads)
         return self.linear(out[0].transpose(0, 1).reshape(n_new, -1), self.o_weight, self.o_bias)

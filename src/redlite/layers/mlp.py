@@ -47,4 +47,4 @@ class SwiGLU(nn.Module):
         """``x``: [T, hidden] -> [T, hidden], same dtype."""
         gate_up = self.linear(x, self.gate_up_weight, self.gate_up_bias)
         gate, up = gate_up.split(self.inter, dim=-1)
-        return self.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        return self.linear(F.silu(gate).mul_(up), self.down_weight, self.down_bias)

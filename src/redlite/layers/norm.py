@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMS-normalise ``x`` ([..., d], any float dtype) over its last dim and scale by
-    ``weight`` ([d], same dtype). Returns a new tensor of ``x``'s shape and dtype.
+    ``weight`` (broadcastable to ``x``, e.g. ``[d]``, same dtype). Returns a new tensor of
+    ``x``'s shape and dtype.
 
-    The mean of squares is accumulated in float32 for bfloat16/float16 inputs (as in
-    Hugging Face ``LlamaRMSNorm``).
+    Same arithmetic as Hugging Face ``LlamaRMSNorm``: the statistics in float32, the scale
+    applied in ``x``'s dtype. (Written out rather than ``F.rms_norm``, which is up to 100x
+    slower on CPU for many rows in torch 2.13.)
     """
     if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    y = F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
-    return y * weight
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class RMSNorm(nn.Module):

@@ -65,6 +65,11 @@ class ModelState(ABC):
                 f"context overflow: {self.n_past} held + {n_new} new > {self.max_tokens} tokens"
             )
 
+    def reset(self) -> None:
+        """Back to the empty sequence (``n_past == 0``) without reallocating. The default
+        truncates; states with recurrent parts override it to zero them."""
+        self.truncate(0)
+
     @abstractmethod
     def truncate(self, n_tokens: int) -> None:
         """Keep the first ``n_tokens`` tokens (0 <= n_tokens <= n_past).

@@ -192,8 +192,8 @@ class LlamaModel(CausalLM):
         keys, values = state.cache.keys, state.cache.values
         for i, layer in enumerate(self.layers):
             attn = layer.attn
-            x = x + attn(layer.input_norm(x), start, cos, sin, keys[i], values[i], masks[attn.window])
-            x = x + layer.mlp(layer.post_norm(x))
+            x.add_(attn(layer.input_norm(x), start, cos, sin, keys[i], values[i], masks[attn.window]))
+            x.add_(layer.mlp(layer.post_norm(x)))
         state.n_past = start + n_new
         if not all_logits:
             x = x[-1:]
