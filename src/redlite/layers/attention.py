@@ -101,7 +101,7 @@ class Attention(nn.Module):
             first = 0 if self.window is None else max(0, end - self.window)
             q = qk[0, :heads].view(1, kv_heads, heads // kv_heads, head_dim)
             out = F.scaled_dot_product_attention(q, keys[None, :, first:end], values[None, :, first:end])
-            return self.linear(out.view(1, heads * head_dim), self.o_weight, self.o_bias)
+            return self.linear(out.reshape(1, heads * head_dim), self.o_weight, self.o_bias)
         # 4-D inputs: the CPU flash kernel rejects 3-D ones (and the math fallback is slow).
         q = qk[None, :, :heads].transpose(1, 2)
         out = F.scaled_dot_product_attention(
