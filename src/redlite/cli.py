@@ -47,6 +47,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-reuse", action="store_true", help="never reuse held state (every plan resets)")
     serve.add_argument("--checkpoint-interval", type=int, default=1024, help="tokens between checkpoints in long prefills")
     serve.add_argument("--checkpoint-mib", type=float, default=512.0)
+    serve.add_argument("--park-mib", type=float, default=2048.0,
+                       help="host memory for parked conversations, MiB (fractions allowed; 0: none)")
+    serve.add_argument("--park-slots", type=int, default=8, help="most conversations parked in RAM")
+    serve.add_argument("--session-dir", default=None,
+                       help="directory of saved conversations (disk tier; off when not given)")
+    serve.add_argument("--session-min-tokens", type=int, default=512,
+                       help="smallest conversation written to --session-dir, tokens")
+    serve.add_argument("--session-keep", type=int, default=12, help="most session files kept")
+    serve.add_argument("--session-max-gb", type=float, default=20.0, help="most GB of session files kept")
+    serve.add_argument("--slot-save-path", default=None,
+                       help="directory of the llama.cpp-style slot API's files (API off when not given)")
     serve.add_argument("--echo-delay-ms", type=float, default=0.0, help="echo engine: delay per decoded token")
     serve.add_argument("--echo-no-rewind", action="store_true", help="echo engine: behave like a recurrent model")
     serve.add_argument("--log-level", default="info")

@@ -44,6 +44,17 @@ class GenerationRequest:
 
 
 @dataclass
+class EngineTask(GenerationRequest):
+    """A job that is not a generation (the slot API's save/restore/erase): queued like a request,
+    ``action(generator)`` runs on the engine worker thread between generations. Its return
+    value lands in ``result``, an exception in ``error``; ``prompt_ids`` is unused."""
+
+    action: Callable[["Generator"], Any] | None = None
+    result: Any = None
+    error: BaseException | None = None
+
+
+@dataclass
 class GenerationResult:
     """The end of a generation. finish_reason: ``stop`` (end of turn or a stop sequence),
     ``length`` (max_tokens or a full context) or ``cancelled`` (client gone, shutdown)."""
@@ -80,6 +91,9 @@ class Generator:
         self.checkpoints = CheckpointStore(self.settings.checkpoint_bytes)
         self.failed = False
         self._clock = clock
+        # Candidate selection among the live and parked conversations (redlite.core.conversations
+        # .Conversations); None: the live state is the only candidate.
+        self.parking = None
 
     # --- planning and executing --------------------------------------------------------------
 
@@ -135,10 +149,19 @@ class Generator:
         Raises EngineError / any engine exception; the history is then marked failed so the next
         request resets (the held ids may no longer match the engine state).
         """
+        if isinstance(request, EngineTask):
+            try:
+                request.result = request.action(self)
+            except Exception as error:
+                request.error = error
+            return
         prompt = request.prompt_ids
         if len(prompt) > self.engine.max_context:
             raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context of {self.engine.max_context}")
         started = self._clock()
+        if self.parking is not None and self.settings.reuse:
+            # candidate selection: the live state or a parked conversation (never raises)
+            self.parking.select(self, prompt, request.request_id)
         plan = self.plan(prompt)
         if (line := plan.miss_line()) is not None:
             log.info("%s %s", request.request_id, line)

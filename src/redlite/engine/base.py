@@ -171,6 +171,24 @@ class Engine(ABC):
         """
         raise EngineError(f"{type(self).__name__} has no checkpoints")
 
+    def checkpoint_to_tensors(self, checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Host form of ``checkpoint`` for parking and the disk tier: ``(tensors, meta)`` with
+        tensors a name -> CPU array dict (``torch.Tensor`` or ``numpy.ndarray``, as the
+        engine's ``StateSnapshot.tensor_format``; the stored logits included) and meta a
+        JSON-serialisable dict. None when the engine does not support it: parked
+        conversations then keep their checkpoint objects in RAM as they are and the disk tier
+        stores none (an engine that cannot rewind then restores a saved conversation only
+        when the prompt extends it)."""
+        return None
+
+    def checkpoint_from_tensors(self, position: int, tensors: dict[str, Any], meta: dict[str, Any],
+                                turn_boundary: bool = False) -> Checkpoint:
+        """Rebuild a :class:`Checkpoint` at ``position`` (tokens) from
+        :meth:`checkpoint_to_tensors` output (tensors may come back from a file, on CPU).
+        Raises :class:`EngineError` when the engine does not support it or the data do not
+        match the model."""
+        raise EngineError(f"{type(self).__name__} cannot rebuild checkpoints from tensors")
+
     def fingerprint(self) -> str:
         """A stable id of the model (config + weights) so saved states are not loaded into
         another model. Engines override this."""

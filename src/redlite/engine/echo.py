@@ -157,5 +157,22 @@ class EchoEngine(Engine):
         self._source, self._generated = checkpoint.data
         return checkpoint.logits
 
+    def checkpoint_to_tensors(self, checkpoint: Checkpoint) -> tuple[dict, dict]:
+        """``({"logits": int64 [1]}, {"source": hex, "generated": int})``."""
+        source, generated = checkpoint.data
+        logits = np.asarray([checkpoint.logits.next_token], dtype=np.int64)
+        return {"logits": logits}, {"source": source.hex(), "generated": int(generated)}
+
+    def checkpoint_from_tensors(self, position: int, tensors: dict, meta: dict,
+                                turn_boundary: bool = False) -> Checkpoint:
+        try:
+            source = bytes.fromhex(meta["source"])
+            data = (source, int(meta["generated"]))
+            logits = EchoLogits(int(np.asarray(tensors["logits"]).reshape(-1)[0]))
+        except (KeyError, ValueError, TypeError, IndexError) as error:
+            raise EngineError(f"bad echo checkpoint: {error}") from None
+        return Checkpoint(int(position), logits, data, nbytes=64 + len(source),
+                          turn_boundary=turn_boundary)
+
     def fingerprint(self) -> str:
         return f"echo-v1-rewind{int(self.can_rewind)}"

@@ -29,6 +29,7 @@ from redlite.engine.base import SamplingParams
 from redlite.server.errors import APIError, as_api_error, error_body, error_response
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from redlite.server.slots import mount_slot_routes
 from redlite.server.sse import completion_body, stream_events
 
 log = logging.getLogger("redlite.server")
@@ -45,6 +46,7 @@ class ServerState:
     max_body_bytes: int = 8 << 20
     body_timeout_s: float = 30.0
     retry_after_s: int = 1
+    slots: Any = None  # redlite.server.slots.SlotService; None: the slot API answers 501
 
 
 def _param_of(loc: tuple) -> str | None:
@@ -168,6 +170,7 @@ def create_app(state: ServerState) -> FastAPI:
                                      headers={"Cache-Control": "no-cache"})
         return await _collect(request, job, events, meta)
 
+    mount_slot_routes(app, state)
     return app
 
 

@@ -1,8 +1,9 @@
 """Start-up and shutdown of the server process (uvicorn).
 
 SIGINT/SIGTERM: the running generation is stopped through its output path (its stream ends
-cleanly), waiting requests get 503 ``server is shutting down``, new connections are refused and
-the process exits with status 0.
+cleanly), waiting requests get 503 ``server is shutting down``, new connections are refused,
+the conversations are saved to ``--session-dir`` (when given) and the process exits with
+status 0.
 """
 
 from __future__ import annotations
@@ -10,15 +11,44 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from pathlib import Path
 
 import uvicorn
 
+from redlite.core.conversations import Conversations
 from redlite.core.generation import Generator, GeneratorSettings
+from redlite.core.parking import ParkingPool
+from redlite.core.sessions import SessionStore, expected_for
 from redlite.core.worker import EngineWorker
 from redlite.server.app import ServerState, create_app
+from redlite.server.slots import SlotService
 from redlite.server.http_protocol import HeaderTimeoutProtocol
 
 log = logging.getLogger("redlite")
+
+
+def build_parking(args: argparse.Namespace, expected) -> Conversations:
+    """The RAM pool (``--park-mib``, ``--park-slots``) and, with ``--session-dir``, the disk tier
+    indexed now (so a saved conversation's first request is restored from disk)."""
+    pool = ParkingPool(int(args.park_mib * (1 << 20)), args.park_slots)
+    sessions = None
+    if args.session_dir:
+        sessions = SessionStore(args.session_dir, expected, min_tokens=args.session_min_tokens,
+                                keep=args.session_keep, max_bytes=int(args.session_max_gb * (1 << 30)))
+        sessions.scan()
+    return Conversations(pool, sessions)
+
+
+def save_on_stop(worker: EngineWorker, parking: Conversations) -> None:
+    """Normal stop: once the running request has stopped, save the conversations to disk."""
+    if parking.sessions is None:
+        return
+    worker.shutdown(wait_s=30.0)
+    if worker.busy:
+        log.warning("the engine is still busy: conversations not saved")
+        return
+    saved = parking.save_all(worker.generator)
+    log.info("stop: %d conversations on disk", saved)
 
 
 def build_engine(args: argparse.Namespace):
@@ -65,15 +95,25 @@ def serve(args: argparse.Namespace) -> int:
              engine.model_id, engine.max_context, time.perf_counter() - started)
     settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
                                  checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)))
-    worker = EngineWorker(Generator(engine, tokenizer, settings), max_queue=args.queue)
+    generator = Generator(engine, tokenizer, settings)
+    # what saved files must match (fingerprints the weights: only when files are used)
+    expected = expected_for(engine) if args.session_dir or args.slot_save_path else None
+    parking = build_parking(args, expected)
+    generator.parking = parking
+    worker = EngineWorker(generator, max_queue=args.queue)
+    slots = None
+    if args.slot_save_path:
+        Path(args.slot_save_path).mkdir(parents=True, exist_ok=True)
+        slots = SlotService(Path(args.slot_save_path), worker, expected)
     state = ServerState(worker, tokenizer, engine.model_id, engine.max_context,
                         max_body_bytes=int(args.max_body_mib * (1 << 20)),
-                        body_timeout_s=args.body_timeout_s)
+                        body_timeout_s=args.body_timeout_s, slots=slots)
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port,
                             log_level="warning", timeout_graceful_shutdown=3,
                             http=HeaderTimeoutProtocol)
     config.header_timeout_s = args.header_timeout_s
     server = _Server(config, worker, process_age_s)
     server.run()
+    save_on_stop(worker, parking)
     worker.shutdown(wait_s=1.0)
     return 0

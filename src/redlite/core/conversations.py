@@ -1,0 +1,237 @@
+"""Switching conversations: the candidate-selection step before a request's reuse plan.
+
+:meth:`Conversations.select` runs on the engine worker thread at the start of every request
+(see :meth:`redlite.core.generation.Generator.run`):
+
+1. candidates: the live state, and the parked entries (RAM pool, then disk) that the prefix
+   indexes name for the prompt, each with its usable prefix (:func:`usable_prefix`);
+2. the best (:func:`choose_candidate`) is fetched: from RAM (popped when the prompt extends
+   it, else left parked and protected from eviction during this request), or read and
+   verified from disk (a refused file drops out and the choice is made again);
+3. the live state is parked unless nothing of it would be lost (the prompt extends it, or the
+   chosen state contains it): snapshot to host memory, into the pool if the eviction plan
+   admits it, else (and for each entry the pool evicts) to disk when big enough;
+4. the chosen entry is installed: engine state, held ids and checkpoints replaced together;
+   a failed restore resets the engine and the request runs cold.
+
+The Generator then plans reuse against the (possibly new) held state as usual. Nothing here
+raises into the request: failures are logged and end in a consistent (possibly empty) state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Hashable
+
+from redlite.core.parking import (LIVE, Candidate, ParkedCheckpoint, ParkedEntry, ParkingPool,
+                                  choose_candidate, tensor_nbytes, usable_prefix)
+from redlite.core.reuse import common_prefix_length
+from redlite.core.sessions import SessionStore
+
+if TYPE_CHECKING:
+    from redlite.core.generation import Generator
+
+log = logging.getLogger("redlite.parking")
+
+
+def capture(gen: "Generator", key: Hashable, now: float) -> ParkedEntry:
+    """Copy the live conversation (engine snapshot, held ids, checkpoints) to host memory.
+    Raises whatever ``engine.snapshot`` raises."""
+    engine = gen.engine
+    snapshot = engine.snapshot()
+    checkpoints = []
+    for c in gen.checkpoints.items():
+        host = engine.checkpoint_to_tensors(c)
+        if host is None:
+            checkpoints.append(ParkedCheckpoint(c.position, c.turn_boundary, c.nbytes, obj=c))
+        else:
+            tensors, meta = host
+            checkpoints.append(ParkedCheckpoint(c.position, c.turn_boundary,
+                                                tensor_nbytes(tensors), tensors, meta))
+    return ParkedEntry(key, list(gen.held_ids), snapshot, checkpoints, now, now)
+
+
+def install(gen: "Generator", entry: ParkedEntry) -> bool:
+    """Make ``entry`` the live conversation. On any failure the engine is reset (held ids and
+    checkpoints emptied) and False returned: held ids and engine state always agree."""
+    engine = gen.engine
+    gen.failed = True
+    try:
+        engine.restore(entry.snapshot)
+        checkpoints = [c.obj if c.obj is not None else
+                       engine.checkpoint_from_tensors(c.position, c.tensors, c.meta, c.turn_boundary)
+                       for c in entry.checkpoints]
+        if engine.n_past != len(entry.held_ids):
+            raise RuntimeError(f"engine holds {engine.n_past} tokens after restore, "
+                               f"expected {len(entry.held_ids)}")
+        gen.held_ids = list(entry.held_ids)
+        gen.checkpoints.clear()
+        for checkpoint in checkpoints:
+            gen.checkpoints.add(checkpoint)
+        gen.failed = False
+        return True
+    except Exception as error:  # a failed restore never fails the request: run cold
+        log.warning("restore failed %d tok reason=%s: %s; running cold", len(entry.held_ids),
+                    type(error).__name__, error)
+        reset(gen)
+        return False
+
+
+def reset(gen: "Generator") -> int:
+    """Drop the live conversation; returns the tokens it held. If the engine cannot even
+    reset, the generator stays marked failed (its next plan resets)."""
+    held = len(gen.held_ids)
+    gen.failed = True
+    gen.engine.reset()
+    gen.held_ids = []
+    gen.checkpoints.clear()
+    gen.failed = False
+    return held
+
+
+class Conversations:
+    """The parking tiers of one generator: ``pool`` (RAM, may be None) and ``sessions``
+    (disk, may be None). Used from the engine worker thread only."""
+
+    def __init__(self, pool: ParkingPool | None, sessions: SessionStore | None,
+                 clock=time.time) -> None:
+        self.pool, self.sessions, self._clock = pool, sessions, clock
+
+    # --- the candidate-selection step --------------------------------------------------------
+
+    def select(self, gen: "Generator", prompt: list[int], request_id: str = "req") -> None:
+        """Bring the best candidate for ``prompt`` into the engine (see module docstring)."""
+        try:
+            self._select(gen, prompt, request_id)
+        except Exception:  # never fails the request; the generator's plan sees the state
+            log.exception("%s parking failed; continuing with the live state", request_id)
+            if gen.failed:
+                try:
+                    reset(gen)
+                except Exception:
+                    pass
+
+    def _select(self, gen: "Generator", prompt: list[int], request_id: str) -> None:
+        held = gen.held_ids
+        live_common = 0 if gen.failed else common_prefix_length(held, prompt)
+        live_usable = usable_prefix(len(held), live_common, len(prompt), gen.engine.can_rewind,
+                                    gen.checkpoints.positions)
+        while True:  # again only after a refused file (it has left the index)
+            choice = choose_candidate(self._candidates(prompt, live_usable, gen.engine))
+            if choice is None or choice.key == LIVE:
+                kept = choice.usable if choice is not None else 0
+                if self._live_would_lose(gen, live_common, kept):
+                    self.park_live(gen, frozenset())
+                return
+            started = time.perf_counter()
+            entry = self._fetch(choice)
+            if entry is None:
+                continue
+            if self._live_would_lose(gen, live_common, choice.usable):
+                self.park_live(gen, frozenset({choice.key}))
+            if install(gen, entry):
+                log.info("%s restored from %s %d tok in %.1f ms (usable %d)", request_id, choice.tier,
+                         len(entry.held_ids), (time.perf_counter() - started) * 1000.0, choice.usable)
+            return
+
+    def _candidates(self, prompt: list[int], live_usable: int, engine) -> list[Candidate]:
+        """The live state and the parked entries that could beat it (index lookups); entries
+        longer than the engine's context (saved with a larger ``--ctx-size``) cannot load."""
+        can_rewind = engine.can_rewind
+        candidates = [Candidate(LIVE, live_usable, "live", self._clock())]
+        if self.pool is not None:
+            candidates += self.pool.candidates(prompt, can_rewind, live_usable)
+        if self.sessions is not None:
+            best = max(c.usable for c in candidates)
+            candidates += self.sessions.candidates(prompt, can_rewind, best)
+        return [c for c in candidates if c.held_len <= engine.max_context]
+
+    @staticmethod
+    def _live_would_lose(gen: "Generator", live_common: int, kept: int) -> bool:
+        """Whether switching would lose live tokens: not when the live state is empty or
+        untrusted, nor when all of it lies within the prefix kept for the prompt."""
+        held = len(gen.held_ids)
+        if gen.failed or held == 0:
+            return False
+        return not (live_common == held and held <= kept)
+
+    def _fetch(self, choice: Candidate) -> ParkedEntry | None:
+        """The chosen entry. A RAM entry the prompt extends leaves the pool (the live state
+        will supersede it); one the request cuts back stays parked (the engine copies it)."""
+        if choice.tier == "ram":
+            if choice.usable >= choice.held_len:
+                entry = self.pool.pop(choice.key)
+            else:
+                entry = self.pool.get(choice.key)
+            entry.last_used = self._clock()
+            return entry
+        return self.sessions.load(choice.key)
+
+    # --- parking -----------------------------------------------------------------------------
+
+    def park_live(self, gen: "Generator", protected: frozenset) -> None:
+        """Snapshot the live conversation into the tiers (never raises; logged)."""
+        started = time.perf_counter()
+        try:
+            key = self.pool.new_key() if self.pool is not None else f"live-{id(gen)}-{started}"
+            entry = capture(gen, key, self._clock())
+        except Exception as error:
+            log.warning("park failed %d tok reason=%s: %s", len(gen.held_ids), type(error).__name__, error)
+            return
+        self.park(entry, protected, gen.engine.can_rewind, started)
+
+    def park(self, entry: ParkedEntry, protected: frozenset, can_rewind: bool,
+             started: float | None = None) -> None:
+        """Put ``entry`` into the RAM pool when its eviction plan admits it, spilling what it
+        evicts to disk; otherwise straight to disk (when big enough)."""
+        n = len(entry.held_ids)
+        if self.pool is None:
+            self._spill(entry, "no-ram-pool", protected, can_rewind)
+            return
+        if can_rewind:  # entries this one extends hold nothing more
+            for key in self.pool.prefixes_of(entry.held_ids):
+                if key not in protected:
+                    old = self.pool.pop(key)
+                    log.info("evicted %d tok from ram reason=superseded", len(old.held_ids))
+        plan = self.pool.plan_admission(entry, protected)
+        if not plan.admit:
+            self._spill(entry, "no-room", protected, can_rewind)
+            return
+        for key in plan.evict:
+            self._spill(self.pool.pop(key), "value", protected, can_rewind)
+        self.pool.add(entry)
+        ms = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
+        log.info("parked %d tok (%d bytes) in %.1f ms; ram pool %d entries, %d bytes", n,
+                 entry.nbytes, ms, len(self.pool), self.pool.nbytes)
+
+    def _spill(self, entry: ParkedEntry, reason: str, protected: frozenset, can_rewind: bool) -> None:
+        n = len(entry.held_ids)
+        to_disk = self.sessions is not None and self.sessions.eligible(n)
+        log.info("evicted %d tok (%d bytes) from ram reason=%s -> %s", n, entry.nbytes, reason,
+                 "disk" if to_disk else "dropped")
+        if to_disk:
+            self.sessions.save(entry, supersede=can_rewind, protected=protected)
+
+    # --- stop --------------------------------------------------------------------------------
+
+    def save_all(self, gen: "Generator") -> int:
+        """Normal stop: write the live conversation and every RAM entry big enough to disk.
+        Returns the files written or found identical. Call with the engine idle."""
+        if self.sessions is None:
+            return 0
+        entries: list[ParkedEntry] = []
+        if not gen.failed and self.sessions.eligible(len(gen.held_ids)):
+            try:
+                entries.append(capture(gen, "live", self._clock()))
+            except Exception as error:
+                log.warning("save failed %d tok reason=%s: %s", len(gen.held_ids),
+                            type(error).__name__, error)
+        if self.pool is not None:
+            entries += sorted(self.pool.entries(), key=lambda e: -e.last_used)
+        saved = 0
+        for entry in entries:
+            if self.sessions.save(entry, supersede=gen.engine.can_rewind) is not None:
+                saved += 1
+        return saved
+

@@ -1,0 +1,285 @@
+"""Parked conversations in host memory: the entry, the pure decisions, and the RAM pool.
+
+Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"):
+
+- A request takes the best candidate among the live state and every parked one: the one whose
+  *usable* common prefix with the prompt is longest (:func:`usable_prefix`: the whole common
+  prefix for an engine that can rewind, else up to the newest checkpoint at or below it).
+  Ties go to the live state (nothing to restore), then to RAM over disk, then to the most
+  recently used (:func:`choose_candidate`).
+- The pool is bounded by bytes (``--park-mib``) and entries (``--park-slots``). Eviction
+  (:func:`plan_eviction`) drops the entry of lowest *value*: the prefill time it saves per byte
+  it occupies, divided by ``1 + recency rank`` (rank 0: the most recently used). It never
+  evicts a protected entry (the one prefixing the running request's prompt), and an entry
+  that would be evicted at once is not stored at all.
+
+The decisions are pure functions of plain data; :class:`ParkingPool` keeps the entries and a
+:class:`~redlite.core.prefix_index.PrefixIndex` so a lookup hashes the prompt once and compares
+tokens only with the few entries sharing its leading blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence
+
+from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
+from redlite.core.reuse import common_prefix_length
+from redlite.engine.base import StateSnapshot
+
+LIVE = "live"
+ID_BYTES_PER_TOKEN = 8  # held ids are accounted at 8 bytes per token
+ATTENTION_KNEE_TOKENS = 4096  # context at which attention costs as much as the rest (approx.)
+
+
+def tensor_nbytes(tensors: dict[str, Any]) -> int:
+    """Total bytes of a name -> array dict (numpy arrays or torch tensors)."""
+    return StateSnapshot(0, tensors).nbytes
+
+
+@dataclass
+class ParkedCheckpoint:
+    """A checkpoint of a parked conversation, in host form when the engine supports it
+    (``tensors`` + ``meta`` from ``Engine.checkpoint_to_tensors``), else the engine's own
+    :class:`~redlite.engine.base.Checkpoint` object in ``obj`` (kept in RAM only).
+    position: tokens. nbytes: payload bytes."""
+
+    position: int
+    turn_boundary: bool
+    nbytes: int
+    tensors: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
+    obj: Any = None
+
+
+@dataclass
+class ParkedEntry:
+    """One conversation moved out of the engine.
+
+    key: unique id. held_ids: the token ids the state holds (len == ``snapshot.n_past``).
+    snapshot: the engine state in host memory (None for a disk entry not loaded yet).
+    checkpoints: the conversation's checkpoints, ascending by position.
+    created/last_used: wall-clock times (s since the epoch). tier: ``"ram"`` or ``"disk"``.
+    """
+
+    key: Hashable
+    held_ids: list[int]
+    snapshot: StateSnapshot | None
+    checkpoints: list[ParkedCheckpoint] = field(default_factory=list)
+    created: float = 0.0
+    last_used: float = 0.0
+    tier: str = "ram"
+
+    @property
+    def checkpoint_positions(self) -> list[int]:
+        return [c.position for c in self.checkpoints]
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes: state tensors + checkpoints + held ids (8 bytes per token)."""
+        state = self.snapshot.nbytes if self.snapshot is not None else 0
+        checkpoints = sum(c.nbytes for c in self.checkpoints)
+        return state + checkpoints + ID_BYTES_PER_TOKEN * len(self.held_ids)
+
+
+# --- candidate choice (pure) -------------------------------------------------------------------
+
+def usable_prefix(held_len: int, common: int, prompt_len: int, can_rewind: bool,
+                  checkpoint_positions: Sequence[int] = ()) -> int:
+    """Tokens of a held state a prompt can keep (the ``keep`` of
+    :func:`redlite.core.reuse.plan_reuse` for that state; every quantity in tokens).
+
+    common: common prefix length of the held ids and the prompt. A state the prompt extends is
+    kept whole; otherwise a rewindable state keeps ``min(common, prompt_len - 1)`` and one that
+    cannot rewind keeps its newest checkpoint ``<= min(common, prompt_len)`` (0 when none).
+    """
+    if held_len == 0 or common == 0:
+        return 0
+    if common == held_len and held_len < prompt_len:
+        return held_len
+    if can_rewind:
+        return min(common, prompt_len - 1)
+    usable = [p for p in checkpoint_positions if 0 < p <= min(common, prompt_len)]
+    return max(usable, default=0)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A state a request could start from. key: ``LIVE`` or a parked entry's key. usable: its
+    :func:`usable_prefix` for the prompt (tokens). tier: ``live``, ``ram`` or ``disk``.
+    held_len: tokens the state holds."""
+
+    key: Hashable
+    usable: int
+    tier: str
+    last_used: float = 0.0
+    held_len: int = 0
+
+
+_TIER_ORDER = {"live": 0, "ram": 1, "disk": 2}
+
+
+def choose_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
+    """The candidate with the longest usable prefix; ties: live, then RAM, then disk, then the
+    most recently used. None when no candidate has a usable prefix > 0."""
+    usable = [c for c in candidates if c.usable > 0]
+    if not usable:
+        return None
+    return min(usable, key=lambda c: (-c.usable, _TIER_ORDER.get(c.tier, 3), -c.last_used))
+
+
+# --- eviction (pure) ---------------------------------------------------------------------------
+
+def prefill_cost(tokens: int, knee: int = ATTENTION_KNEE_TOKENS) -> float:
+    """Relative prefill time of ``tokens`` tokens: linear work plus attention that grows with
+    the position, ``tokens * (1 + tokens / (2 * knee))`` (unit: one token's linear work)."""
+    return tokens * (1.0 + tokens / (2.0 * knee))
+
+
+@dataclass(frozen=True)
+class EntryStats:
+    """What eviction needs of an entry: key, bytes, tokens saved, last use (s)."""
+
+    key: Hashable
+    nbytes: int
+    tokens: int
+    last_used: float
+
+
+@dataclass(frozen=True)
+class EvictionPlan:
+    """admit: whether the new entry is stored. evict: keys to drop, lowest value first."""
+
+    admit: bool
+    evict: list[Hashable]
+
+
+def entry_values(entries: Sequence[EntryStats]) -> dict[Hashable, float]:
+    """Value of each entry: prefill cost saved per byte / (1 + recency rank), rank 0 for the
+    most recently used (entries used at the same time share a rank)."""
+    times = sorted({e.last_used for e in entries}, reverse=True)
+    rank = {t: i for i, t in enumerate(times)}
+    return {e.key: prefill_cost(e.tokens) / max(1, e.nbytes) / (1 + rank[e.last_used])
+            for e in entries}
+
+
+def plan_eviction(current: Sequence[EntryStats], new: EntryStats, budget_bytes: int,
+                  max_entries: int, protected: frozenset = frozenset()) -> EvictionPlan:
+    """Which entries to drop so ``current + [new]`` fits ``budget_bytes`` and ``max_entries``.
+
+    ``current`` is assumed to fit already. Entries go in increasing value
+    (:func:`entry_values`); protected keys are never chosen. When the new entry itself would go
+    (it is worth least, or cannot fit however many go), the plan is ``admit=False`` with nothing
+    evicted: an entry is never stored only to be evicted at once.
+    """
+    everyone = [*current, new]
+    if new.nbytes > budget_bytes or max_entries < 1:
+        return EvictionPlan(False, [])
+    values = entry_values(everyone)
+    order = sorted((e for e in everyone if e.key not in protected), key=lambda e: values[e.key])
+    total, count = sum(e.nbytes for e in everyone), len(everyone)
+    evict: list[Hashable] = []
+    for entry in order:
+        if total <= budget_bytes and count <= max_entries:
+            break
+        if entry.key == new.key:
+            return EvictionPlan(False, [])
+        evict.append(entry.key)
+        total, count = total - entry.nbytes, count - 1
+    if total > budget_bytes or count > max_entries:
+        return EvictionPlan(False, [])
+    return EvictionPlan(True, evict)
+
+
+# --- the RAM pool ------------------------------------------------------------------------------
+
+class ParkingPool:
+    """Parked entries in host memory within ``budget_bytes`` and ``max_entries``.
+
+    Not thread-safe: used from the engine worker thread only.
+    """
+
+    def __init__(self, budget_bytes: int, max_entries: int, block: int = DEFAULT_BLOCK) -> None:
+        self.budget_bytes = int(budget_bytes)
+        self.max_entries = int(max_entries)
+        self._entries: dict[Hashable, ParkedEntry] = {}
+        self._index = PrefixIndex(block)
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    def entries(self) -> list[ParkedEntry]:
+        return list(self._entries.values())
+
+    def new_key(self) -> str:
+        return f"ram-{next(self._ids)}"
+
+    def stats(self, entry: ParkedEntry) -> EntryStats:
+        return EntryStats(entry.key, entry.nbytes, len(entry.held_ids), entry.last_used)
+
+    def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
+        """Entries worth considering for ``prompt`` with their usable prefix (verified by token
+        comparison); shallower index groups are skipped once they cannot beat the best."""
+        return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far)
+
+    def plan_admission(self, entry: ParkedEntry, protected: frozenset = frozenset()) -> EvictionPlan:
+        current = [self.stats(e) for e in self._entries.values()]
+        return plan_eviction(current, self.stats(entry), self.budget_bytes, self.max_entries,
+                             protected)
+
+    def add(self, entry: ParkedEntry) -> None:
+        """Store ``entry`` (the caller has applied :meth:`plan_admission`)."""
+        entry.tier = "ram"
+        self._entries[entry.key] = entry
+        self._index.add(entry.key, entry.held_ids)
+
+    def get(self, key: Hashable) -> ParkedEntry:
+        """The entry (it stays in the pool). Raises KeyError when absent."""
+        return self._entries[key]
+
+    def pop(self, key: Hashable) -> ParkedEntry:
+        """Remove and return an entry. Raises KeyError when absent."""
+        entry = self._entries.pop(key)
+        self._index.remove(key)
+        return entry
+
+    def prefixes_of(self, ids: Sequence[int]) -> list[Hashable]:
+        """Keys of entries whose held ids are a prefix of ``ids`` (superseded by them)."""
+        out = []
+        for group in self._index.lookup(ids):
+            for key in group.keys:
+                held = self._entries[key].held_ids
+                if len(held) <= len(ids) and common_prefix_length(held, ids) == len(held):
+                    out.append(key)
+        return out
+
+
+def candidates_from_index(index: PrefixIndex, entries: dict, prompt: Sequence[int],
+                          can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
+    """Verify the index's groups for ``prompt``, deepest first, and return the entries with a
+    usable prefix > 0. Stops when a group's bound cannot beat the best usable prefix found
+    (or ``best_so_far``, e.g. the live state's). ``entries`` maps key -> object with
+    ``held_ids``, ``checkpoint_positions``, ``tier`` and ``last_used``."""
+    found: list[Candidate] = []
+    best = best_so_far
+    for group in index.lookup(prompt):
+        if group.bound <= best:
+            break
+        for key in group.keys:
+            entry = entries[key]
+            common = common_prefix_length(entry.held_ids, prompt)
+            usable = usable_prefix(len(entry.held_ids), common, len(prompt), can_rewind,
+                                   entry.checkpoint_positions)
+            if usable > 0:
+                found.append(Candidate(key, usable, entry.tier, entry.last_used, len(entry.held_ids)))
+                best = max(best, usable)
+    return found

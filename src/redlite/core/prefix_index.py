@@ -1,0 +1,108 @@
+"""Find parked conversations that share a prefix with a prompt without comparing every one.
+
+Each indexed sequence of token ids is cut into blocks of ``block`` tokens; block ``k`` (1-based)
+gets a chain hash ``h_k = blake2b(h_{k-1} || ids of block k)``, so ``h_k`` names the first
+``k * block`` tokens. The index maps ``(k, h_k)`` to the keys of the sequences whose first ``k``
+blocks are exactly those tokens (as in vLLM's and SGLang's prefix caches).
+
+A lookup hashes the prompt block by block, stopping at the first block no sequence shares, and
+returns the indexed keys in *groups*: the keys that share exactly ``k`` full blocks with the
+prompt, deepest first. A key in group ``k`` has a common prefix ``c`` with the prompt with
+``k * block <= c < (k + 1) * block`` (barring a hash collision), so the caller verifies the
+deepest groups by token comparison and stops once no shallower group can beat the best found.
+
+Pure data structure: no engine, no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass
+from typing import Hashable, Iterator, Sequence
+
+DEFAULT_BLOCK = 128
+
+
+def block_hashes(ids: Sequence[int], block: int, limit: int | None = None) -> Iterator[bytes]:
+    """Chain hashes (16-byte digests) of the full blocks of ``ids``, block 1 first.
+
+    limit: the most blocks to hash (None: all full blocks). Token ids are hashed as
+    little-endian signed 64-bit integers.
+    """
+    n_blocks = len(ids) // block
+    if limit is not None:
+        n_blocks = min(n_blocks, limit)
+    previous = b""
+    for k in range(n_blocks):
+        chunk = array("q", ids[k * block:(k + 1) * block]).tobytes()
+        previous = hashlib.blake2b(previous + chunk, digest_size=16).digest()
+        yield previous
+
+
+@dataclass(frozen=True)
+class CandidateGroup:
+    """Keys sharing exactly ``blocks`` full blocks with the prompt: their common prefix with
+    it is at least ``blocks * block`` and below ``bound`` tokens."""
+
+    blocks: int
+    bound: int
+    keys: list[Hashable]
+
+
+class PrefixIndex:
+    """Index of token sequences by chain hashes of their leading blocks (see module docstring).
+
+    block: tokens per block (>= 1). Keys are any hashable ids chosen by the caller.
+    """
+
+    def __init__(self, block: int = DEFAULT_BLOCK) -> None:
+        if block < 1:
+            raise ValueError("block must be >= 1")
+        self.block = block
+        self._levels: dict[tuple[int, bytes], set[Hashable]] = {}
+        self._hashes: dict[Hashable, list[bytes]] = {}
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._hashes
+
+    def keys(self) -> list[Hashable]:
+        return list(self._hashes)
+
+    def add(self, key: Hashable, ids: Sequence[int]) -> None:
+        """Index ``ids`` under ``key`` (replacing what ``key`` indexed before)."""
+        self.remove(key)
+        hashes = list(block_hashes(ids, self.block))
+        self._hashes[key] = hashes
+        for k, digest in enumerate(hashes, start=1):
+            self._levels.setdefault((k, digest), set()).add(key)
+
+    def remove(self, key: Hashable) -> None:
+        """Forget ``key`` (no error when absent)."""
+        for k, digest in enumerate(self._hashes.pop(key, []), start=1):
+            members = self._levels.get((k, digest))
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self._levels[(k, digest)]
+
+    def lookup(self, prompt: Sequence[int]) -> list[CandidateGroup]:
+        """Every indexed key, grouped by the number of full blocks it shares with ``prompt``,
+        deepest group first (empty groups omitted). Cost: one hash per shared block."""
+        matched: list[set[Hashable]] = [set(self._hashes)]  # level 0: every key
+        for k, digest in enumerate(block_hashes(prompt, self.block), start=1):
+            members = self._levels.get((k, digest))
+            if not members:
+                break
+            matched.append(members)
+        groups = []
+        deeper: set[Hashable] = set()
+        for k in range(len(matched) - 1, -1, -1):
+            exact = matched[k] - deeper
+            if exact:
+                groups.append(CandidateGroup(k, (k + 1) * self.block, sorted(exact, key=repr)))
+            deeper = matched[k]
+        return groups

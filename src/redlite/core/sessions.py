@@ -1,0 +1,328 @@
+"""The disk tier: parked conversations saved as files in ``--session-dir``.
+
+Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"):
+
+- an entry evicted from RAM holding at least ``min_tokens`` tokens (``--session-min-tokens``)
+  is written here (format: :mod:`redlite.core.session_file`), as is the live conversation and
+  every parked one on a normal stop;
+- on start the directory is indexed from the file headers (no tensor data read); files of
+  another model, dtype or format version are refused with the reason logged;
+- a file is fully read and its checksum verified only when it is the best candidate; a
+  failure refuses it (logged) and the request runs cold;
+- pruning (:func:`plan_prune`) keeps the newest ``keep`` files (``--session-keep``) and at
+  most ``max_bytes`` in all (``--session-max-gb``); it deletes only files this tier created
+  (names ``rl-<16 hex>.rlsession`` holding this model's states), never others;
+- a save that fails (e.g. a full disk) is logged and dropped: it never fails a request.
+
+Not thread-safe: used from the engine worker thread (and at start/stop, when it is idle).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Hashable, Sequence
+
+from redlite.core.parking import (Candidate, ParkedCheckpoint, ParkedEntry,
+                                  candidates_from_index, tensor_nbytes)
+from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
+from redlite.core.reuse import common_prefix_length
+from redlite.core.session_file import (Expected, SessionFileError, StateFile, check_compatible,
+                                       read_meta, read_state_file, write_state_file)
+from redlite.engine.base import StateSnapshot
+
+log = logging.getLogger("redlite.sessions")
+
+SESSION_NAME = re.compile(r"^rl-[0-9a-f]{16}\.rlsession$")
+TEMP_NAME = re.compile(r"^\.rl-[0-9a-f]{16}\.rlsession\.\d+\.tmp$")
+
+
+# --- entry <-> file ----------------------------------------------------------------------------
+
+def engine_dtype(engine: Any) -> str:
+    """The compute dtype an engine names in its files (``"none"`` for the echo engine)."""
+    return str(getattr(engine, "dtype", "none")).removeprefix("torch.")
+
+
+def expected_for(engine: Any) -> Expected:
+    """What this engine's files carry. Probes ``engine.snapshot()`` for its tensor format, so
+    call it while the engine holds no conversation (at start)."""
+    return Expected(engine.fingerprint(), engine_dtype(engine), engine.snapshot().tensor_format)
+
+
+def entry_to_file(entry: ParkedEntry, expected: Expected) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metadata, tensors) of ``entry`` for :func:`write_state_file`. Checkpoints held only as
+    engine objects (no host form) are left out."""
+    snapshot = entry.snapshot
+    tensors = {f"state.{name}": array for name, array in snapshot.tensors.items()}
+    checkpoints = []
+    for i, c in enumerate(c for c in entry.checkpoints if c.tensors is not None):
+        names = []
+        for name, array in c.tensors.items():
+            tensors[f"ckpt.{i}.{name}"] = array
+            names.append(name)
+        checkpoints.append({"position": c.position, "turn_boundary": c.turn_boundary,
+                            "nbytes": c.nbytes, "meta": c.meta or {}, "tensors": names})
+    meta = {"fingerprint": expected.fingerprint, "dtype": expected.dtype,
+            "tensor_format": snapshot.tensor_format,
+            "layout": str(snapshot.meta.get("layout", "")), "n_past": snapshot.n_past,
+            "held_ids": [int(t) for t in entry.held_ids], "engine_meta": snapshot.meta,
+            "checkpoints": checkpoints, "created": entry.created, "last_used": entry.last_used}
+    return meta, tensors
+
+
+def entry_from_file(state: StateFile, key: Hashable) -> ParkedEntry:
+    """The :class:`ParkedEntry` (tier ``disk``) in a verified file. Raises SessionFileError
+    ("corrupt-header") when the metadata are inconsistent."""
+    meta = state.meta
+    try:
+        held = [int(t) for t in meta["held_ids"]]
+        n_past = int(meta["n_past"])
+        if n_past != len(held):
+            raise ValueError(f"n_past {n_past} != {len(held)} held ids")
+        snapshot = StateSnapshot(n_past, {name[6:]: array for name, array in state.tensors.items()
+                                          if name.startswith("state.")},
+                                 dict(meta.get("engine_meta") or {}), meta["tensor_format"])
+        checkpoints = []
+        for i, c in enumerate(meta.get("checkpoints") or []):
+            payload = {name: state.tensors[f"ckpt.{i}.{name}"] for name in c["tensors"]}
+            checkpoints.append(ParkedCheckpoint(int(c["position"]), bool(c["turn_boundary"]),
+                                                tensor_nbytes(payload), payload, dict(c["meta"])))
+    except (KeyError, ValueError, TypeError) as error:
+        raise SessionFileError("corrupt-header", f"inconsistent metadata: {error}") from None
+    return ParkedEntry(key, held, snapshot, checkpoints, float(meta.get("created", 0.0)),
+                       float(meta.get("last_used", 0.0)), tier="disk")
+
+
+# --- pruning (pure) ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FileStats:
+    key: Hashable
+    nbytes: int
+    last_used: float
+
+
+def plan_prune(files: Sequence[FileStats], keep: int, max_bytes: int,
+               protected: frozenset = frozenset()) -> list[Hashable]:
+    """Keys of the files to delete, least recently used first, so that at most ``keep`` files
+    and ``max_bytes`` bytes remain; protected keys are never chosen (the result may then
+    still exceed the bounds)."""
+    order = sorted(files, key=lambda f: f.last_used)
+    count, total = len(files), sum(f.nbytes for f in files)
+    victims = []
+    for f in order:
+        if count <= keep and total <= max_bytes:
+            break
+        if f.key in protected:
+            continue
+        victims.append(f.key)
+        count, total = count - 1, total - f.nbytes
+    return victims
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+@dataclass
+class DiskEntry:
+    """An indexed file: held ids and checkpoint positions from its header (no tensors)."""
+
+    key: str
+    path: Path
+    held_ids: list[int]
+    checkpoint_positions: list[int]
+    nbytes: int
+    created: float
+    last_used: float
+    tier: str = field(default="disk")
+
+
+class SessionStore:
+    """Session files of one model in ``directory`` (created when missing).
+
+    expected: what files must match (:func:`expected_for`). min_tokens: smallest conversation
+    saved (tokens). keep: most files kept. max_bytes: most bytes kept. ``opener`` (for tests)
+    opens the temporary file being written.
+    """
+
+    def __init__(self, directory: str | os.PathLike, expected: Expected, *, min_tokens: int = 512,
+                 keep: int = 12, max_bytes: int = 20 << 30, block: int = DEFAULT_BLOCK,
+                 opener=open, clock=time.time) -> None:
+        self.directory = Path(directory)
+        self.expected = expected
+        self.min_tokens, self.keep, self.max_bytes = int(min_tokens), int(keep), int(max_bytes)
+        self._opener, self._clock = opener, clock
+        self._entries: dict[str, DiskEntry] = {}
+        self._index = PrefixIndex(block)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[DiskEntry]:
+        return list(self._entries.values())
+
+    def eligible(self, n_tokens: int) -> bool:
+        return n_tokens >= max(1, self.min_tokens)
+
+    # --- index -------------------------------------------------------------------------------
+
+    def scan(self) -> None:
+        """Index the directory: our files of this model become candidates; others are refused
+        (logged); our stale temporary files (from a crash mid-write) are removed."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.directory.iterdir()):
+            if TEMP_NAME.match(path.name):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+                continue
+            if not SESSION_NAME.match(path.name):
+                continue
+            try:
+                meta, size = read_meta(path)
+                check_compatible(meta, self.expected)
+                held = [int(t) for t in meta["held_ids"]]
+                positions = [int(c["position"]) for c in meta.get("checkpoints") or []]
+                last_used = path.stat().st_mtime  # set to the last use on save and load
+            except SessionFileError as error:
+                self._refused(path.name, error)
+                continue
+            except (KeyError, TypeError, ValueError, OSError) as error:
+                self._refused(path.name, SessionFileError("corrupt-header", str(error)))
+                continue
+            self._add(DiskEntry(path.name, path, held, positions, size,
+                                float(meta.get("created", 0.0)), last_used))
+        log.info("session dir %s: %d saved conversations indexed (%d bytes)", self.directory,
+                 len(self._entries), sum(e.nbytes for e in self._entries.values()))
+
+    def _add(self, entry: DiskEntry) -> None:
+        self._entries[entry.key] = entry
+        self._index.add(entry.key, entry.held_ids)
+
+    def _forget(self, key: str) -> DiskEntry | None:
+        self._index.remove(key)
+        return self._entries.pop(key, None)
+
+    @staticmethod
+    def _refused(name: str, error: SessionFileError) -> None:
+        log.warning("refused file %s reason=%s (%s)", name, error.reason, error.detail)
+
+    def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
+        """Indexed files with a usable prefix for ``prompt`` (see ParkingPool.candidates)."""
+        return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far)
+
+    # --- load --------------------------------------------------------------------------------
+
+    def load(self, key: str) -> ParkedEntry | None:
+        """Read and verify a file; None (logged ``refused file``, dropped from the index) when
+        it cannot be used. Marks it used (mtime) on success."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        try:
+            state = read_state_file(entry.path, self.expected)
+            parked = entry_from_file(state, key)
+            if parked.held_ids != entry.held_ids:
+                raise SessionFileError("changed", "file differs from the indexed one")
+        except SessionFileError as error:
+            self._refused(key, error)
+            self._forget(key)
+            return None
+        parked.last_used = self._clock()
+        self._touch(entry, parked.last_used)
+        return parked
+
+    # --- save and prune ----------------------------------------------------------------------
+
+    def save(self, entry: ParkedEntry, *, supersede: bool = False,
+             protected: frozenset = frozenset()) -> DiskEntry | None:
+        """Write ``entry`` as a new file, then prune. Returns the indexed file, or None when not
+        written (logged: too small, a failure, or it would be pruned at once, being older
+        than the ``keep`` newest). A file holding the same ids is only marked used.
+        ``supersede`` (engines that can rewind): a file that extends this conversation also
+        covers it, and files holding a proper prefix of it are deleted once it is written."""
+        ids = entry.held_ids
+        if not self.eligible(len(ids)):
+            return None
+        prefixes, covering = self._relatives(ids, supersede)
+        if covering is not None:
+            self._touch(covering, max(entry.last_used, covering.last_used))
+            return covering
+        started = time.perf_counter()
+        name = f"rl-{secrets.token_hex(8)}.rlsession"
+        last_used = entry.last_used or self._clock()
+        try:
+            meta, tensors = entry_to_file(entry, self.expected)
+            meta["last_used"] = last_used
+            estimate = 8 * len(ids) + sum(StateSnapshot(0, {k: v}).nbytes for k, v in tensors.items())
+            files = [FileStats(e.key, e.nbytes, e.last_used) for e in self._entries.values()
+                     if not (supersede and e.key in prefixes)]
+            if name in plan_prune(files + [FileStats(name, estimate, last_used)], self.keep,
+                                  self.max_bytes, protected):
+                log.info("evicted %d tok reason=session-bounds (not saved: older or larger than "
+                         "the kept files)", len(ids))
+                return None
+            size = write_state_file(self.directory / name, meta, tensors, opener=self._opener)
+            os.utime(self.directory / name, (last_used, last_used))  # mtime = last use
+        except (OSError, TypeError, ValueError) as error:
+            log.warning("save failed %d tok reason=%s (%s)", len(ids),
+                        "io" if isinstance(error, OSError) else "encode", error)
+            return None
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        log.info("saved %d tok (%d bytes) in %.1f ms file=%s", len(ids), size, elapsed_ms, name)
+        saved = DiskEntry(name, self.directory / name, list(ids),
+                          [c.position for c in entry.checkpoints if c.tensors is not None],
+                          size, entry.created, last_used)
+        if supersede:
+            for key in prefixes:
+                if key not in protected:
+                    self._delete(key, "superseded")
+        self._add(saved)
+        self.prune(protected | {name})
+        return saved
+
+    def _relatives(self, ids: Sequence[int], supersede: bool) -> tuple[list[str], DiskEntry | None]:
+        """(files holding a proper prefix of ``ids``, a file covering ``ids``: the same ids,
+        or with ``supersede`` any file extending them)."""
+        prefixes, covering = [], None
+        for group in self._index.lookup(ids):
+            for key in group.keys:
+                held = self._entries[key].held_ids
+                common = common_prefix_length(held, ids)
+                if common == len(held) < len(ids):
+                    prefixes.append(key)
+                elif common == len(ids) and (len(held) == len(ids) or supersede):
+                    covering = self._entries[key]
+        return prefixes, covering
+
+    def _touch(self, entry: DiskEntry, when: float) -> None:
+        entry.last_used = when
+        try:
+            os.utime(entry.path, (when, when))
+        except OSError:
+            pass
+
+    def prune(self, protected: frozenset = frozenset()) -> list[str]:
+        """Delete our least recently used files beyond ``keep`` / ``max_bytes``; returns them."""
+        files = [FileStats(e.key, e.nbytes, e.last_used) for e in self._entries.values()]
+        victims = plan_prune(files, self.keep, self.max_bytes, protected)
+        for key in victims:
+            self._delete(key, "prune")
+        return victims
+
+    def _delete(self, key: str, reason: str) -> None:
+        entry = self._forget(key)
+        if entry is None:
+            return
+        try:
+            entry.path.unlink()
+        except OSError as error:
+            log.warning("could not delete %s: %s", entry.path, error)
+            return
+        log.info("evicted %d tok from disk reason=%s file=%s", len(entry.held_ids), reason, key)
