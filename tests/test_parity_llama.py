@@ -167,6 +167,16 @@ def test_default_context_is_capped(llama):
     assert engine.can_rewind and engine.vocab_size == COMMON["vocab_size"]
 
 
+def test_sharded_checkpoint_loads(llama, tmp_path):
+    hf_model, path = llama
+    hf_model.save_pretrained(tmp_path, max_shard_size="40KB")
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    ids = _prompt(12, seed=11)
+    sharded = TorchEngine.from_pretrained(tmp_path).prefill(ids)
+    assert torch.equal(sharded, TorchEngine.from_pretrained(path).prefill(ids))
+    assert not sharded.is_inference()  # callers may edit logits in place
+
+
 def test_seeded_sampling_is_deterministic():
     logits = torch.randn(1000, generator=torch.Generator().manual_seed(0))
     params = SamplingParams(temperature=1.0, seed=42)

@@ -83,7 +83,7 @@ class TorchEngine(Engine):
         with torch.inference_mode():
             for begin in range(0, n_new, self.prefill_chunk):
                 logits = self.model(ids[begin:begin + self.prefill_chunk], self.state)
-        return logits[0]
+        return logits[0].clone()  # a normal tensor (not an inference one): callers may edit it
 
     def decode(self, token_id: int) -> torch.Tensor:
         """Feed one token; return float32 logits ``[vocab]`` of the next position.
@@ -94,7 +94,8 @@ class TorchEngine(Engine):
             raise EngineError(f"token id {token_id} out of range [0, {self.vocab_size})")
         with torch.inference_mode():
             self._token.fill_(token_id)
-            return self.model(self._token, self.state)[0]
+            logits = self.model(self._token, self.state)
+        return logits[0].clone()
 
     def rewind(self, n_tokens: int) -> None:
         if not self.can_rewind:
@@ -109,7 +110,7 @@ class TorchEngine(Engine):
     def snapshot(self) -> StateSnapshot:
         """CPU copy of the held state (``tensor_format="torch"``); ``meta`` names the model
         fingerprint, dtype and the state's layout."""
-        with torch.inference_mode():
+        with torch.no_grad():  # normal tensors, which callers may edit or save
             tensors = self.state.export()
         meta = {"fingerprint": self.fingerprint(), "dtype": str(self.dtype).removeprefix("torch."),
                 "layout": type(self.state).__name__}
@@ -142,7 +143,7 @@ class TorchEngine(Engine):
         ``logits`` ([vocab] float32). None for rewindable states (they need none)."""
         if self.can_rewind:
             return None
-        with torch.inference_mode():
+        with torch.no_grad():
             data = self.state.export_recurrent()
             logits = logits.clone()
         nbytes = sum(_nbytes(t) for t in data.values()) + _nbytes(logits)
@@ -166,7 +167,7 @@ class TorchEngine(Engine):
         for engines that take no checkpoints."""
         if self.can_rewind or not isinstance(checkpoint.data, dict):
             return None
-        with torch.inference_mode():
+        with torch.no_grad():
             tensors = {name: t.contiguous().cpu() for name, t in checkpoint.data.items()}
             tensors["logits"] = checkpoint.logits.contiguous().cpu()
         return tensors, {"fingerprint": self.fingerprint()}
@@ -181,7 +182,7 @@ class TorchEngine(Engine):
             raise EngineError("checkpoint was taken from another model")
         if "logits" not in tensors:
             raise EngineError("checkpoint tensors lack 'logits'")
-        with torch.inference_mode():
+        with torch.no_grad():
             data = {name: t.to(self.device) for name, t in tensors.items() if name != "logits"}
             logits = tensors["logits"].to(self.device, torch.float32)
         nbytes = sum(_nbytes(t) for t in data.values()) + _nbytes(logits)
