@@ -51,7 +51,7 @@ class TorchSampler(Sampler):
         self.generator = None
         if not params.greedy:
             self.generator = torch.Generator(device=torch.device(device))
-            self.generator.manual_seed(int(self.seed) & 0xFFFF_FFFF_FFFF_FFFF)
+            self.generator.manual_seed(int(self.seed) % 2**64)
 
     def sample(self, logits: torch.Tensor) -> int:
         """Next token id (int) for ``logits`` ([vocab] float32)."""

@@ -50,6 +50,11 @@ class ModelState(ABC):
         max_tokens: capacity in tokens (int), fixed at creation.
         can_truncate: True when :meth:`truncate` can roll back to any shorter length
             (pure KV-cache models); False for models with recurrent state.
+
+    A state with ``can_truncate`` False also provides, for the engine's checkpoints,
+    ``export_recurrent(device=None) -> dict[str, Tensor]`` (copies of the recurrent part at
+    ``n_past``, on the state's device by default) and ``import_recurrent(tensors, position)``
+    (roll back to ``position <= n_past``: recurrent part copied in, KV caches cut).
     """
 
     n_past: int
