@@ -154,6 +154,7 @@ def test_sigint_ends_stream_refuses_waiting_and_exits_zero(start_server):
         thread.join(5)
     assert lines and lines[-1] == "data: [DONE]"
     assert len(lines) < 200
+    assert "server is shutting down" in lines[-2]  # the client learns the answer was cut
     for i in range(2):
         status, payload, _, _ = results[i]
         assert status == 503, results
@@ -190,3 +191,16 @@ def test_connection_with_incomplete_headers_is_closed_after_the_header_timeout(s
     finally:
         stalled.close()
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_sigint_cuts_a_running_non_streamed_request_with_503(start_server):
+    server = start_server("--echo-delay-ms", "50")
+    results = {}
+    running = post_in_thread(server.url, body("q" * 100), results, "running")
+    time.sleep(0.4)
+    server.signal(signal.SIGINT)
+    running.join(5)
+    status, payload, _, _ = results["running"]
+    assert status == 503
+    assert payload["error"]["message"] == "server is shutting down; the answer was cut off"
+    assert server.proc.wait(5) == 0

@@ -51,6 +51,7 @@ def test_fully_cached_prompt_keeps_all_but_one():
     held = list(range(100))
     plan = plan_reuse(held, held[:60], can_rewind=True)
     assert (plan.action, plan.keep, plan.prefill) == (Action.REWIND, 59, 1)
+    assert plan.miss_line().endswith("action=rewind reason=prompt-is-prefix")
     same = plan_reuse(held, held, can_rewind=True)
     assert (same.action, same.keep, same.prefill) == (Action.REWIND, 99, 1)
     assert plan_reuse(held, held, can_rewind=False).action is Action.RESET

@@ -29,24 +29,31 @@ _IMPORTED_AT = time.monotonic()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="redlite", description=__doc__)
+    parser = argparse.ArgumentParser(prog="redlite", description="redlite: an OpenAI-compatible "
+                                     "LLM server that keeps conversation state across turns")
     parser.add_argument("--version", action="version", version=f"redlite {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     serve.add_argument("--model", help="GGUF file or Hugging Face directory (default: the bundled SmolLM2-135M-Instruct)")
-    serve.add_argument("--engine", choices=["torch", "echo"], default="torch")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--ctx-size", type=int, default=None, help="context length in tokens")
+    serve.add_argument("--engine", choices=["torch", "echo"], default="torch",
+                       help="torch: the model; echo: model-free test engine that answers with the "
+                            "last user message (tokens are UTF-8 bytes)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on")
+    serve.add_argument("--ctx-size", type=int, default=None,
+                       help="context length in tokens (default: the model's, capped at 8192 on CPU)")
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    serve.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
-    serve.add_argument("--max-body-mib", type=float, default=8.0)
+    serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                       help="weights and state dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    serve.add_argument("--max-body-mib", type=float, default=8.0, help="largest request body (413 above)")
     serve.add_argument("--body-timeout-s", type=float, default=30.0, help="time-out between body chunks")
     serve.add_argument("--header-timeout-s", type=float, default=10.0, help="time-out for a request's headers")
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one")
     serve.add_argument("--no-reuse", action="store_true", help="never reuse held state (every plan resets)")
     serve.add_argument("--checkpoint-interval", type=int, default=1024, help="tokens between checkpoints in long prefills")
-    serve.add_argument("--checkpoint-mib", type=float, default=512.0)
+    serve.add_argument("--checkpoint-mib", type=float, default=512.0,
+                       help="memory for recurrent-state checkpoints (models that cannot rewind); 0: none")
     serve.add_argument("--park-mib", type=float, default=2048.0,
                        help="host memory for parked conversations, MiB (fractions allowed; 0: none)")
     serve.add_argument("--park-slots", type=int, default=8, help="most conversations parked in RAM")
@@ -60,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="directory of the llama.cpp-style slot API's files (API off when not given)")
     serve.add_argument("--echo-delay-ms", type=float, default=0.0, help="echo engine: delay per decoded token")
     serve.add_argument("--echo-no-rewind", action="store_true", help="echo engine: behave like a recurrent model")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return parser
 
 

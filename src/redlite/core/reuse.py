@@ -38,6 +38,7 @@ class MissReason(str, Enum):
     DISABLED = "disabled"
     AFTER_FAILURE = "after-failure"
     EMPTY = "empty"
+    PROMPT_IS_PREFIX = "prompt-is-prefix"  # every prompt token is held; the held ids go further
 
 
 @dataclass(frozen=True)
@@ -121,11 +122,12 @@ def plan_reuse(
     common = common_prefix_length(held_ids, new_ids)
     if common == held_len and held_len < prompt_len:
         return ReusePlan(Action.EXTEND, held_len, common, prompt_len, held_len)
+    why = MissReason.PROMPT_IS_PREFIX if common == prompt_len else MissReason.TOKEN_MISMATCH
     if can_rewind:
         keep = min(common, prompt_len - 1)
         if keep == 0:
-            return reset(MissReason.TOKEN_MISMATCH, common)
-        return ReusePlan(Action.REWIND, keep, common, prompt_len, held_len, MissReason.TOKEN_MISMATCH)
+            return reset(why, common)
+        return ReusePlan(Action.REWIND, keep, common, prompt_len, held_len, why)
     usable = [p for p in checkpoint_positions if 0 < p <= min(common, prompt_len)]
     if not usable:
         return reset(MissReason.NO_REWIND, common)

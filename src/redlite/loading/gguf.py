@@ -20,8 +20,8 @@ What a converted directory holds:
   conversion.
 
 The cache root is ``$REDLITE_CACHE_DIR`` or ``~/.cache/redlite``; each GGUF file gets the
-sub-directory ``gguf/<file stem>-<key>`` where ``key`` hashes the file's name, size, mtime and
-:data:`CONVERTER_VERSION`. A conversion writes into a temporary sibling directory and renames
+sub-directory ``gguf/<file stem>-<key>`` where ``key`` hashes the file's name, size, first and
+last MiB and :data:`CONVERTER_VERSION`. A conversion writes into a temporary sibling directory and renames
 it into place, under a per-key file lock, so a killed conversion never leaves a half cache and
 two processes never convert the same file at once.
 """
@@ -189,7 +189,6 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     config["redlite_gguf_source"] = {
         "file": gguf_path.name,
         "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
         "general.name": _field(reader, "general.name"),
         "general.file_type": _field(reader, "general.file_type"),
         "converter_version": CONVERTER_VERSION,
@@ -580,12 +579,19 @@ def llama3_rope_scaling_from_factors(factors: Any, rope_theta: float, head_dim: 
 
 
 def _cache_name(source: Path) -> str:
-    """``<stem>-<16 hex>``: the hash covers name, size, mtime (ns) and the converter version."""
-    st = source.stat()
-    key = f"{source.name}\0{st.st_size}\0{st.st_mtime_ns}\0{CONVERTER_VERSION}"
-    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+    """``<stem>-<16 hex>``: the hash covers the file's name, size, its first and last MiB
+    (the GGUF header and metadata, and the end of the tensor data) and the converter version.
+    Content, not mtime: a reinstall of the same file (a fresh venv) reuses the conversion."""
+    size = source.stat().st_size
+    digest = hashlib.sha256(f"{source.name}\0{size}\0{CONVERTER_VERSION}\0".encode("utf-8"))
+    sample = 1 << 20
+    with open(source, "rb") as f:
+        digest.update(f.read(sample))
+        if size > sample:
+            f.seek(max(sample, size - sample))
+            digest.update(f.read(sample))
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", source.stem)[:80]
-    return f"{stem}-{digest}"
+    return f"{stem}-{digest.hexdigest()[:16]}"
 
 
 def _is_complete(target: Path) -> bool:

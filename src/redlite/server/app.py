@@ -224,6 +224,10 @@ async def _collect(request: Request, job: Job, events: asyncio.Queue, meta: dict
             if event.kind == "text":
                 pieces.append(event.value)
             elif event.kind == "done":
+                if event.value.finish_reason == "cancelled":
+                    # the client is still here, so the server is stopping: the answer is cut
+                    raise APIError(503, "server is shutting down; the answer was cut off",
+                                   None, "shutting_down")
                 return completion_body(meta, "".join(pieces), event.value)
             elif event.kind == "error":
                 raise as_api_error(event.value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import time
 from pathlib import Path
 
@@ -86,9 +87,30 @@ class _Server(uvicorn.Server):
                      self.config.host, self.config.port, self._cold_start())
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for ``host:port`` (IPv6 when the host has a colon); raises OSError
+    when the address is in use or invalid."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError:
+        listener.close()
+        raise
+    listener.set_inheritable(True)
+    return listener
+
+
 def serve(args: argparse.Namespace) -> int:
     from redlite.cli import process_age_s
 
+    # Take the port before loading the model, so a busy port fails at once, not after a load.
+    try:
+        listener = bind_listener(args.host, args.port)
+    except OSError as error:
+        log.error("cannot listen on %s:%d: %s", args.host, args.port, error)
+        return 1
     started = time.perf_counter()
     engine, tokenizer = build_engine(args)
     log.info("engine %s model %s context %d tokens, loaded in %.2f s", args.engine,
@@ -113,7 +135,7 @@ def serve(args: argparse.Namespace) -> int:
                             http=HeaderTimeoutProtocol)
     config.header_timeout_s = args.header_timeout_s
     server = _Server(config, worker, process_age_s)
-    server.run()
+    server.run(sockets=[listener])
     save_on_stop(worker, parking)
     worker.shutdown(wait_s=1.0)
     return 0

@@ -13,12 +13,12 @@ from typing import AsyncIterator
 
 from redlite.core.generation import GenerationResult
 from redlite.core.worker import Event, Job
-from redlite.server.errors import as_api_error
+from redlite.server.errors import as_api_error, error_body
 
 
 def finish_reason_of(result: GenerationResult) -> str:
-    """OpenAI finish_reason: ``stop`` or ``length``; a generation stopped because its client left
-    or the server is stopping ends cleanly as ``stop``."""
+    """OpenAI finish_reason: ``stop`` or ``length`` (a generation cut by a shutdown is reported
+    as an error instead, see :func:`stream_events`)."""
     return "length" if result.finish_reason == "length" else "stop"
 
 
@@ -82,6 +82,11 @@ async def stream_events(events: asyncio.Queue[Event], job: Job, meta: dict,
                 yield _sse(_chunk(meta, event.value, None))
             elif event.kind == "done":
                 result: GenerationResult = event.value
+                if result.finish_reason == "cancelled":
+                    # stopped by a shutdown while the client still reads: say the answer is cut
+                    yield _sse(error_body(503, "server is shutting down; the answer was cut off",
+                                          None, "shutting_down"))
+                    break
                 yield _sse(_chunk(meta, None if meta["chat"] else "", finish_reason_of(result)))
                 if include_usage:
                     usage = _envelope(meta, chunk=True)
