@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -15,19 +17,28 @@ from redlite.engine.sampling import TorchSampler
 
 CPU_MAX_CONTEXT = 8192
 
+log = logging.getLogger("redlite.engine")
+
 
 class TorchEngine(Engine):
     """Serves one sequence of ``model`` (a ``CausalLM``) on ``device`` in ``dtype``.
 
     ``ctx_size``: capacity in tokens (default: the model's ``max_position_embeddings``,
     capped at 8192 on CPU). ``prefill_chunk``: the most tokens fed in one forward pass
-    (bounds activation memory for long prompts). Logits are float32 ``[vocab]`` tensors on
-    ``device``. ``can_rewind`` follows the model state (True for KV-cache-only models).
+    (bounds activation memory for long prompts; default 2048 on CPU, 8192 on CUDA). Logits
+    are float32 ``[vocab]`` tensors on ``device``. ``can_rewind`` follows the model state
+    (True for KV-cache-only models).
+
+    ``cuda_graphs``: decode through :class:`~redlite.engine.cuda_graphs.GraphDecoder` (one
+    captured graph replayed per token). None (default) enables it on CUDA for models with a
+    ``decode_step`` and a rewindable state (the Llama family; the Qwen3.5 hybrid decodes
+    eagerly) unless ``REDLITE_CUDA_GRAPHS=0``; True on CPU runs the same step eagerly (tests).
+    ``decode_path`` names the path in use.
     """
 
     def __init__(self, model, *, model_id: str = "model", ctx_size: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 prefill_chunk: int = 2048):
+                 prefill_chunk: int | None = None, cuda_graphs: bool | None = None):
         params = next(model.parameters())
         self.model = model
         self.device = torch.device(device) if device is not None else params.device
@@ -40,11 +51,27 @@ class TorchEngine(Engine):
             raise EngineError(f"ctx_size must be >= 1, got {ctx_size}")
         self.max_context = int(ctx_size)
         self.vocab_size = int(model.vocab_size)
+        if prefill_chunk is None:
+            prefill_chunk = 2048 if self.device.type == "cpu" else 8192
         self.prefill_chunk = max(1, int(prefill_chunk))
         self.state = model.new_state(self.max_context, self.device, self.dtype)
         self.can_rewind = bool(self.state.can_truncate)
         self._token = torch.zeros(1, dtype=torch.long, device=self.device)
         self._fingerprint: str | None = None
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda" and os.environ.get("REDLITE_CUDA_GRAPHS", "1") != "0"
+        self._use_graphs = bool(cuda_graphs and self.can_rewind and hasattr(model, "decode_step")
+                                and hasattr(self.state, "cache"))
+        self._graph_decoder = None
+
+    @property
+    def decode_path(self) -> str:
+        """``"eager"``, or ``"graph/<ops>"`` / ``"static-eager/<ops>"`` once the graph decoder
+        exists (``<ops>``: ``triton`` or ``torch``)."""
+        decoder = self._graph_decoder
+        if not self._use_graphs or decoder is None:
+            return "eager" if not self._use_graphs else "graph (not built yet)"
+        return f"{'graph' if decoder.use_graphs else 'static-eager'}/{decoder.ops.name}"
 
     @classmethod
     def from_pretrained(cls, path: str | Path, ctx_size: int | None = None,
@@ -92,10 +119,30 @@ class TorchEngine(Engine):
             raise EngineError(f"context overflow: ctx_size {self.max_context} tokens held")
         if not 0 <= token_id < self.vocab_size:
             raise EngineError(f"token id {token_id} out of range [0, {self.vocab_size})")
+        if self._use_graphs:
+            with torch.inference_mode():
+                logits = self._graph_step(token_id)
+            if logits is not None:
+                self.state.n_past += 1
+                return logits[0].clone()
         with torch.inference_mode():
             self._token.fill_(token_id)
             logits = self.model(self._token, self.state)
         return logits[0].clone()
+
+    def _graph_step(self, token_id: int) -> torch.Tensor | None:
+        """Logits [1, vocab] from the graph decoder, or None after disabling it when it fails
+        to build or capture (logged; the eager path then serves)."""
+        from redlite.engine.cuda_graphs import GraphDecoder
+
+        try:
+            if self._graph_decoder is None:
+                self._graph_decoder = GraphDecoder(self.model, self.state)
+            return self._graph_decoder.step(token_id, self.n_past)
+        except Exception:  # noqa: BLE001 - any capture trouble: fall back to eager decode
+            log.exception("CUDA-graph decode failed; decoding eagerly from now on")
+            self._use_graphs, self._graph_decoder = False, None
+            return None
 
     def rewind(self, n_tokens: int) -> None:
         if not self.can_rewind:

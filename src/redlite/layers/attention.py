@@ -6,13 +6,40 @@ Covers Llama/Mistral (no bias, or ``attention_bias`` on all four projections), Q
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from redlite.layers.linear import linear_kernel
 from redlite.layers.norm import rms_norm
 from redlite.layers.rotary import apply_rotary
+
+
+_CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_backends(device: torch.device):
+    """Context for SDPA calls on ``device``: on CUDA, flash / memory-efficient / math only.
+    (A quick H200 run showed a per-new-shape cost of tens of ms in the default dispatch, on
+    eager decode and on prefills of new lengths, which plan-building backends would explain;
+    these three have none.) Elsewhere a no-op."""
+    return sdpa_kernel(_CUDA_BACKENDS) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def prefill_mask(start: int, n_new: int, window: int | None, device):
+    """The ``mask`` argument of :meth:`Attention.forward` for ``n_new`` tokens after
+    ``start``: None for plain causal attention from position 0 (or a single token); on CUDA
+    without a window, a lower-right causal bias (``torch.nn.attention.bias``), which keeps
+    chunked prefill on the flash kernel; else a boolean :func:`causal_mask`."""
+    if n_new == 1 or (start == 0 and (window is None or n_new <= window)):
+        return None
+    if window is None and torch.device(device).type == "cuda":
+        return causal_lower_right(n_new, start + n_new)
+    return causal_mask(start, n_new, window, device)
 
 
 def causal_mask(start: int, n_new: int, window: int | None, device) -> torch.Tensor:
@@ -81,7 +108,8 @@ class Attention(nn.Module):
         ``cos``/``sin``: rotary tables ``[T, 1, rotary_dim]``. ``keys``/``values``: this
         layer's cache ``[n_kv_heads, max_tokens, head_dim]``; positions ``< start`` are read,
         the T new ones written. ``mask``: bool ``[T, start + T]`` (see :func:`causal_mask`),
-        or None for plain causal attention from position 0 or for a single token.
+        a lower-right causal bias, or None for plain causal attention from position 0 or
+        for a single token (see :func:`prefill_mask`).
         Returns ``[T, hidden]``.
         """
         n_new = x.shape[0]
@@ -100,11 +128,29 @@ class Attention(nn.Module):
             # "positions" of one attention per kv head (no mask, no repeat of K/V).
             first = 0 if self.window is None else max(0, end - self.window)
             q = qk[0, :heads].view(1, kv_heads, heads // kv_heads, head_dim)
-            out = F.scaled_dot_product_attention(q, keys[None, :, first:end], values[None, :, first:end])
+            with sdpa_backends(x.device):
+                out = F.scaled_dot_product_attention(q, keys[None, :, first:end], values[None, :, first:end])
             return self.linear(out.reshape(1, heads * head_dim), self.o_weight, self.o_bias)
         # 4-D inputs: the CPU flash kernel rejects 3-D ones (and the math fallback is slow).
         q = qk[None, :, :heads].transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q, keys[None, :, :end], values[None, :, :end], attn_mask=mask,
-            is_causal=mask is None, enable_gqa=heads != kv_heads)
+        with sdpa_backends(x.device):
+            out = F.scaled_dot_product_attention(
+                q, keys[None, :, :end], values[None, :, :end], attn_mask=mask,
+                is_causal=mask is None, enable_gqa=heads != kv_heads)
         return self.linear(out[0].transpose(0, 1).reshape(n_new, -1), self.o_weight, self.o_bias)
+
+    def decode_step(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    keys: torch.Tensor, values: torch.Tensor, span: int, ops) -> torch.Tensor:
+        """Attend one token ``x`` ([1, hidden]) at the position held in ``pos`` (LongTensor
+        [1] on x's device) without reading it on the host (CUDA-graph capturable).
+
+        ``cos``/``sin``: whole rotary tables ``[positions, 1, rotary_dim]``. ``keys``/
+        ``values``: this layer's cache; row ``pos`` is written, rows ``< pos`` read. ``span``:
+        cache rows the torch ops may read (``> pos``). ``ops``: a
+        :class:`~redlite.layers.decode_ops.TorchDecodeOps`. Returns [1, hidden].
+        """
+        qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
+        q = ops.qk_rope_store(qkv, pos, cos, sin, self.qk_norm_weight, self.norm_eps, keys, values,
+                              self.n_heads, self.n_kv_heads, self.head_dim)
+        out = ops.attention(q, keys, values, pos, span, self.window)
+        return self.linear(out.reshape(1, -1), self.o_weight, self.o_bias)

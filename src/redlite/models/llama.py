@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from redlite.engine.base import EngineError
-from redlite.layers.attention import Attention, causal_mask
+from redlite.layers.attention import Attention, prefill_mask
 from redlite.layers.kv_cache import KVCache
 from redlite.layers.linear import linear_kernel
 from redlite.layers.mlp import SwiGLU
@@ -176,11 +176,7 @@ class LlamaModel(CausalLM):
 
     def _masks(self, start: int, n_new: int, device) -> dict:
         """Attention mask per window size (None: causal from 0, or a single token)."""
-        masks = {}
-        for window in self._windows:
-            plain = n_new == 1 or (start == 0 and (window is None or n_new <= window))
-            masks[window] = None if plain else causal_mask(start, n_new, window, device)
-        return masks
+        return {window: prefill_mask(start, n_new, window, device) for window in self._windows}
 
     def forward(self, input_ids: torch.Tensor, state: LlamaState, all_logits: bool = False) -> torch.Tensor:
         n_new = input_ids.shape[0]
@@ -199,3 +195,33 @@ class LlamaModel(CausalLM):
             x = x[-1:]
         x = rms_norm(x, self.norm.weight, self.norm.eps)
         return self.linear(x, self.lm_head_weight, None).float()
+
+    def decode_step(self, token: torch.Tensor, pos: torch.Tensor, state: LlamaState, span: int,
+                    ops) -> torch.Tensor:
+        """One decode token with its position as a device tensor: no host reads, no
+        allocation that depends on the position, so it can be captured in a CUDA graph
+        (see :mod:`redlite.engine.cuda_graphs`) and replayed at any position.
+
+        ``token``: LongTensor [1] (the id); ``pos``: LongTensor [1] (its position, the
+        caller's ``state.n_past``), both on the model's device. ``span``: cache rows the
+        attention may read (int, ``> pos``; ignored by ops with ``length_from_pos``).
+        ``ops``: :class:`~redlite.layers.decode_ops.TorchDecodeOps` or a subclass. Writes
+        the token's keys/values at ``pos`` but leaves ``state.n_past`` to the caller.
+        Returns float32 logits [1, vocab] (the same as :meth:`forward` up to rounding).
+        """
+        x = F.embedding(token, self.embed_weight)
+        cos, sin = self.rotary.get(0, state.max_tokens, x.device, x.dtype)
+        keys, values = state.cache.keys, state.cache.values
+        first = self.layers[0].input_norm
+        h = ops.rms_norm(x, first.weight, first.eps)
+        delta = None
+        for i, layer in enumerate(self.layers):
+            if delta is not None:
+                h = ops.add_rms_norm(x, delta, layer.input_norm.weight, layer.input_norm.eps)
+            attn = layer.attn.decode_step(h, pos, cos, sin, keys[i], values[i], span, ops)
+            h = ops.add_rms_norm(x, attn, layer.post_norm.weight, layer.post_norm.eps)
+            mlp = layer.mlp
+            gate_up = self.linear(h, mlp.gate_up_weight, mlp.gate_up_bias)
+            delta = self.linear(ops.silu_mul(gate_up, mlp.inter), mlp.down_weight, mlp.down_bias)
+        h = ops.add_rms_norm(x, delta, self.norm.weight, self.norm.eps)
+        return self.linear(h, self.lm_head_weight, None).float()

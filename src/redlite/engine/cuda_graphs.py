@@ -1,0 +1,117 @@
+"""CUDA-graph replay of the one-token decode step of a KV-cache model.
+
+A model that provides ``decode_step(token, pos, state, span, ops)`` (see
+:meth:`redlite.models.llama.LlamaModel.decode_step`) is captured once per "span" in a CUDA
+graph whose inputs are two static device tensors, the token id and its position. A decode
+then costs two tiny fill kernels and one graph launch: no Python per layer, no launch gaps
+per kernel, and no host-device synchronisation (the caller's sampling reads the id).
+
+Spans: with :class:`~redlite.layers.decode_ops.TritonDecodeOps` (CUDA + Triton) attention
+reads the key count from the position tensor, so a single graph (span = the cache size)
+serves every position. With the torch ops, attention reads ``span`` cache rows and masks
+the ones past the position, so graphs are captured lazily per bucket of :func:`bucket_spans`
+(powers of two from 1024, then the cache size) and a decode uses the smallest bucket that
+covers its position (:func:`choose_span`).
+
+The graphs hold pointers into the state's own cache tensor, the model's weights and the
+rotary tables, none of which is ever reallocated: rewind, reset and restore only move
+``n_past`` or copy into the cache, so the graphs stay valid. On a CPU device the same step
+runs eagerly (for tests).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from redlite.layers.decode_ops import TorchDecodeOps, decode_ops
+
+
+def bucket_spans(max_tokens: int, first: int = 1024) -> list[int]:
+    """Ascending spans: ``first, 2*first, ...`` below ``max_tokens``, then ``max_tokens``."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    spans, span = [], max(1, int(first))
+    while span < max_tokens:
+        spans.append(span)
+        span *= 2
+    return spans + [int(max_tokens)]
+
+
+def choose_span(n_tokens: int, spans: list[int]) -> int:
+    """The smallest span in the ascending ``spans`` that holds ``n_tokens`` (>= 1) rows.
+    Raises ``ValueError`` when none does."""
+    i = bisect.bisect_left(spans, n_tokens)
+    if n_tokens < 1 or i == len(spans):
+        raise ValueError(f"no span holds {n_tokens} tokens (spans {spans})")
+    return spans[i]
+
+
+class GraphDecoder:
+    """Decodes one token at a time on ``model`` + ``state`` (a KV-only state whose cache is
+    ``state.cache``) through captured CUDA graphs.
+
+    ``use_graphs``: None captures graphs on CUDA and runs eagerly elsewhere. ``ops``: the
+    decode ops (default: :func:`~redlite.layers.decode_ops.decode_ops` for the cache's
+    device, dtype and head size). Attributes: ``spans`` (ascending ints), ``ops``,
+    ``use_graphs``, ``n_graphs`` (graphs captured so far).
+    """
+
+    def __init__(self, model, state, use_graphs: bool | None = None, ops: TorchDecodeOps | None = None):
+        cache = state.cache.data  # [n_layers, 2, n_kv_heads, max_tokens, head_dim]
+        self.model, self.state = model, state
+        self.device, self.dtype = cache.device, cache.dtype
+        self.ops = ops or decode_ops(self.device, self.dtype, cache.shape[-1], cache.shape[2])
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
+        max_tokens = state.max_tokens
+        self.spans = [max_tokens] if self.ops.length_from_pos else bucket_spans(max_tokens)
+        if not self.ops.length_from_pos:
+            with torch.no_grad():  # masked rows still enter the products: keep them finite
+                cache[:, :, :, state.n_past:].zero_()
+        self.token = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        # Build the rotary tables for every position now (no rebuild during a capture) and
+        # keep them referenced, since graphs hold raw pointers.
+        self._tables = model.rotary.get(0, max_tokens, self.device, self.dtype)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+
+    @property
+    def n_graphs(self) -> int:
+        return len(self._graphs)
+
+    def step(self, token_id: int, position: int) -> torch.Tensor:
+        """Feed ``token_id`` at ``position`` (the state's ``n_past``; the caller advances it).
+        Returns float32 logits ``[1, vocab]``: with graphs, a static buffer overwritten by
+        the next step (copy it to keep it). Raises ``ValueError`` when ``position`` is
+        outside the cache. Call under ``torch.inference_mode()``."""
+        if not 0 <= position < self.state.max_tokens:
+            raise ValueError(f"position {position} outside the cache of {self.state.max_tokens}")
+        span = choose_span(position + 1, self.spans)
+        self.token.fill_(int(token_id))
+        self.pos.fill_(int(position))
+        if not self.use_graphs:
+            return self.model.decode_step(self.token, self.pos, self.state, span, self.ops)
+        entry = self._graphs.get(span)
+        if entry is None:
+            entry = self._capture(span)
+        entry[0].replay()
+        return entry[1]
+
+    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Warm up (compiles Triton kernels, picks cuBLAS kernels) then capture the step for
+        ``span``. The warm-up writes the current token's keys/values at the current position,
+        which the replay that follows writes again identically."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self.model.decode_step(self.token, self.pos, self.state, span, self.ops)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self.model.decode_step(self.token, self.pos, self.state, span, self.ops)
+        self._graphs[span] = (graph, out)
+        return graph, out
