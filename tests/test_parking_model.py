@@ -10,11 +10,6 @@ from server_process import ServerProcess
 
 pytestmark = pytest.mark.model
 
-try:
-    import redlite.engine.factory  # noqa: F401  (the torch engine is there)
-except ImportError:  # pragma: no cover
-    pytest.skip("the torch engine factory is not available", allow_module_level=True)
-
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly."}
 A = [SYSTEM, {"role": "user", "content": "Name three things a lighthouse keeper did every night."}]
 B = [SYSTEM, {"role": "user", "content": "Write a haiku about version control."}]
