@@ -1,4 +1,9 @@
-"""RMSNorm (Llama family): ``x / sqrt(mean(x**2) + eps) * weight`` over the last dimension."""
+"""RMSNorm over the last dimension, in two flavours.
+
+* Llama family (:func:`rms_norm`, :class:`RMSNorm`): ``x / sqrt(mean(x**2) + eps) * weight``;
+* Qwen3.5 (:func:`zero_centered_rms_norm`, :class:`ZeroCenteredRMSNorm`):
+  ``x / sqrt(mean(x**2) + eps) * (1 + weight)``, the weight stored zero-centred.
+"""
 
 from __future__ import annotations
 
@@ -32,3 +37,27 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: [..., dim] -> same shape and dtype."""
         return rms_norm(x, self.weight, self.eps)
+
+
+def zero_centered_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3.5 RMSNorm: ``x / sqrt(mean(x^2) + eps) * (1 + weight)`` over the last dim.
+
+    Computed in float32 and cast back to ``x``'s dtype after the multiply (transformers
+    ``Qwen3_5RMSNorm``: the weight is stored zero-centred; unlike Llama, the multiply
+    happens before the cast). ``weight``: ``[d]``. Returns ``x``'s shape and dtype.
+    """
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (h * (1.0 + weight.float())).to(x.dtype)
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """:func:`zero_centered_rms_norm` with a ``weight`` ``[dim]`` (uninitialised until loaded)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__()
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.empty(dim, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return zero_centered_rms_norm(x, self.weight, self.eps)

@@ -1,0 +1,199 @@
+"""Per-sequence state of a Qwen3.5 model and the export/import of its recurrent part.
+
+:class:`Qwen3_5State` holds, per linear-attention layer, a conv state and a float32
+recurrent state (fixed size), and for the full-attention layers a preallocated KV cache. It
+cannot be truncated (the recurrent part has no history); it rolls back through
+:meth:`Qwen3_5State.export_recurrent` / :meth:`Qwen3_5State.import_recurrent` (also as the
+module-level :func:`export_recurrent` / :func:`import_recurrent`), and parks through
+:meth:`Qwen3_5State.export` / :meth:`Qwen3_5State.load`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch
+
+from redlite.engine.base import EngineError
+from redlite.layers.kv_cache import KVCache
+from redlite.models.base import ModelState
+from redlite.models.qwen3_5_config import LINEAR
+
+if TYPE_CHECKING:
+    from redlite.models.qwen3_5 import Qwen3_5Model
+
+__all__ = ["Qwen3_5State", "export_recurrent", "import_recurrent"]
+
+
+class Qwen3_5State(ModelState):
+    """State of one sequence of a :class:`~redlite.models.qwen3_5.Qwen3_5Model`.
+
+    * linear-attention layer ``i``: ``conv[i]`` ``[C, K - 1]`` in the compute dtype (the last
+      ``K - 1`` inputs of the short convolution, zeros at start) and ``recurrent[i]``
+      ``[Hv, Dk, Dv]`` float32 (the delta-rule memory); fixed size whatever ``n_past``;
+    * full-attention layers: one :class:`~redlite.layers.kv_cache.KVCache` ``cache`` (slot
+      ``kv_slot[i]`` for layer ``i``), ``[Hkv, max_tokens, D]`` per layer and K/V,
+      preallocated uninitialised in the compute dtype; rows ``< n_past`` are valid.
+
+    ``can_truncate`` is False as soon as there is one linear-attention layer: roll back with
+    :meth:`export_recurrent` at position P and :meth:`import_recurrent` (which also cuts the
+    KV caches to P).
+    """
+
+    def __init__(self, model: "Qwen3_5Model", max_tokens: int, device: torch.device | str, dtype: torch.dtype):
+        if max_tokens < 1:
+            raise EngineError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.n_past = 0
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.layer_types = list(model.layer_types)
+        self.can_truncate = LINEAR not in self.layer_types
+        self.conv: dict[int, torch.Tensor] = {}
+        self.recurrent: dict[int, torch.Tensor] = {}
+        self.kv_slot: dict[int, int] = {}
+        for i, layer in enumerate(model.layers):
+            if layer.layer_type == LINEAR:
+                mixer = layer.linear_attn
+                self.conv[i] = torch.zeros(mixer.conv_state_shape(), device=self.device, dtype=dtype)
+                self.recurrent[i] = torch.zeros(mixer.recurrent_state_shape(), device=self.device,
+                                                dtype=torch.float32)
+            else:
+                self.kv_slot[i] = len(self.kv_slot)
+        cfg = model.text_config
+        n_heads = int(cfg["num_attention_heads"])
+        self.cache = KVCache(len(self.kv_slot), int(cfg.get("num_key_value_heads") or n_heads),
+                             int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads),
+                             max_tokens, self.device, dtype)
+        self.max_tokens = self.cache.max_tokens
+
+    # --- sizes --------------------------------------------------------------------------------
+
+    def recurrent_nbytes(self) -> int:
+        """Bytes of the conv + recurrent states (one checkpoint payload); independent of n_past."""
+        return sum(t.numel() * t.element_size() for t in (*self.conv.values(), *self.recurrent.values()))
+
+    def nbytes(self) -> int:
+        """Bytes of the held part: conv + recurrent states plus ``n_past`` tokens of KV cache."""
+        return self.recurrent_nbytes() + self.cache.nbytes(self.n_past)
+
+    # --- rollback -----------------------------------------------------------------------------
+
+    def truncate(self, n_tokens: int) -> None:
+        """Keep the first ``n_tokens`` tokens.
+
+        With a linear-attention layer only ``n_tokens == n_past`` (a no-op) is allowed;
+        otherwise raises ``EngineError`` (use :meth:`import_recurrent`). Pure-attention
+        patterns truncate freely. Raises ``EngineError`` when out of range.
+        """
+        if not 0 <= n_tokens <= self.n_past:
+            raise EngineError(f"cannot truncate to {n_tokens} tokens: {self.n_past} held")
+        if n_tokens != self.n_past and not self.can_truncate:
+            raise EngineError("Qwen3.5 state has recurrent layers: roll back with import_recurrent")
+        self.n_past = int(n_tokens)
+
+    def reset(self) -> None:
+        """Back to the empty sequence (``n_past = 0``, zero conv/recurrent states) without
+        reallocating: position 0 is the one rollback target that needs no checkpoint."""
+        with torch.inference_mode():
+            for t in (*self.conv.values(), *self.recurrent.values()):
+                t.zero_()
+        self.n_past = 0
+
+    def export_recurrent(self, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+        """Copies of every conv and recurrent state: the checkpoint payload at ``n_past``.
+
+        Returns ``{"layers.{i}.conv": [C, K-1] compute dtype, "layers.{i}.recurrent":
+        [Hv, Dk, Dv] float32}`` for each linear-attention layer ``i``, on ``device``
+        (default: the state's device, fastest on GPU; ``"cpu"`` for host copies). Total
+        size: :meth:`recurrent_nbytes`. KV caches are not included: they are append-only,
+        so cutting them back (done by :meth:`import_recurrent`) restores them.
+        """
+        target = self.device if device is None else torch.device(device)
+        out: dict[str, torch.Tensor] = {}
+        for i in self.conv:
+            out[f"layers.{i}.conv"] = self.conv[i].to(target, copy=True)
+            out[f"layers.{i}.recurrent"] = self.recurrent[i].to(target, copy=True)
+        return out
+
+    def import_recurrent(self, tensors: Mapping[str, torch.Tensor], position: int) -> None:
+        """Roll back to ``position`` tokens with a payload from :meth:`export_recurrent`.
+
+        ``tensors`` must be what ``export_recurrent`` returned when ``n_past`` was
+        ``position``, and the first ``position`` tokens held now must be those same tokens
+        (the caller's bookkeeping). Copies the conv/recurrent states in (any device/dtype)
+        and cuts the KV caches to ``position``. Raises ``EngineError`` when
+        ``position > n_past`` or names/shapes do not match; the state is unchanged then.
+        """
+        if not 0 <= position <= self.n_past:
+            raise EngineError(f"cannot roll back to {position} tokens: {self.n_past} held")
+        targets = self._recurrent_targets()
+        self._check(tensors, targets)
+        with torch.inference_mode():
+            for name, dest in targets.items():
+                dest.copy_(tensors[name])
+        self.n_past = int(position)
+
+    def _recurrent_targets(self) -> dict[str, torch.Tensor]:
+        targets = {}
+        for i in self.conv:
+            targets[f"layers.{i}.conv"] = self.conv[i]
+            targets[f"layers.{i}.recurrent"] = self.recurrent[i]
+        return targets
+
+    # --- parking ------------------------------------------------------------------------------
+
+    def export(self, n_tokens: int | None = None) -> dict[str, torch.Tensor]:
+        """Contiguous CPU copies of the whole held state: the :meth:`export_recurrent`
+        tensors plus ``"kv"`` ``[n_full_layers, 2, Hkv, n_tokens, D]`` (as
+        :meth:`KVCache.export <redlite.layers.kv_cache.KVCache.export>`). Size:
+        :meth:`nbytes`. ``n_tokens`` must equal ``n_past`` unless ``can_truncate``;
+        raises ``EngineError`` otherwise.
+        """
+        n = self.n_past if n_tokens is None else int(n_tokens)
+        if not 0 <= n <= self.n_past or (n != self.n_past and not self.can_truncate):
+            raise EngineError(f"cannot export {n} tokens of a Qwen3.5 state holding {self.n_past}")
+        out = {name: t.contiguous() for name, t in self.export_recurrent("cpu").items()}
+        out["kv"] = self.cache.export(n)
+        return out
+
+    def load(self, tensors: Mapping[str, torch.Tensor], n_past: int) -> None:
+        """Replace the state by ``tensors`` from :meth:`export` holding ``n_past`` tokens.
+
+        Tensors are copied to the state's device and dtype. Raises ``EngineError`` when
+        names or shapes do not match or ``n_past > max_tokens``; the state is unchanged then.
+        """
+        if not 0 <= n_past <= self.max_tokens:
+            raise EngineError(f"cannot load {n_past} tokens into a state of {self.max_tokens}")
+        targets = self._recurrent_targets()
+        expected = dict(targets)
+        kv = self.cache.data[:, :, :, :n_past]
+        expected["kv"] = kv
+        self._check(tensors, expected)
+        with torch.inference_mode():
+            for name, dest in targets.items():
+                dest.copy_(tensors[name])
+            kv.copy_(tensors["kv"])
+        self.n_past = int(n_past)
+
+    @staticmethod
+    def _check(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> None:
+        if set(tensors) != set(expected):
+            missing = sorted(set(expected) - set(tensors))
+            extra = sorted(set(tensors) - set(expected))
+            raise EngineError(f"state tensors do not match this model: missing {missing[:4]}, "
+                              f"unexpected {extra[:4]}")
+        for name, dest in expected.items():
+            if tuple(tensors[name].shape) != tuple(dest.shape):
+                raise EngineError(f"state tensor {name}: shape {tuple(tensors[name].shape)}, "
+                                  f"expected {tuple(dest.shape)}")
+
+
+def export_recurrent(state: Qwen3_5State, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """Module-level alias of :meth:`Qwen3_5State.export_recurrent`."""
+    return state.export_recurrent(device)
+
+
+def import_recurrent(state: Qwen3_5State, tensors: Mapping[str, torch.Tensor], position: int) -> None:
+    """Module-level alias of :meth:`Qwen3_5State.import_recurrent`."""
+    state.import_recurrent(tensors, position)
