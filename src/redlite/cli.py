@@ -29,6 +29,7 @@ _IMPORTED_AT = time.monotonic()
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``redlite`` argument parser (``serve`` and its options, ``--version``)."""
     parser = argparse.ArgumentParser(prog="redlite", description="redlite: an OpenAI-compatible "
                                      "LLM server that keeps conversation state across turns")
     parser.add_argument("--version", action="version", version=f"redlite {__version__}")
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit status."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -24,6 +24,8 @@ from typing import Sequence
 
 
 class Action(str, Enum):
+    """What a :class:`ReusePlan` does to the held state (see the module docstring)."""
+
     EXTEND = "extend"
     REWIND = "rewind"
     RESTORE = "restore"

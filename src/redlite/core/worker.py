@@ -45,6 +45,8 @@ class Event:
 
 @dataclass
 class Job:
+    """A request in the queue; ``deliver`` receives its :class:`Event` s on the worker thread."""
+
     request: GenerationRequest
     deliver: Callable[[Event], None]
     finished: threading.Event = field(default_factory=threading.Event)

@@ -57,6 +57,8 @@ def _param_of(loc: tuple) -> str | None:
 
 
 def create_app(state: ServerState) -> FastAPI:
+    """The FastAPI application: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
+    ``/health`` (and the slot API when enabled), with OpenAI-shaped errors for every failure."""
     app = FastAPI(title="redlite", docs_url=None, redoc_url=None)
     app.state.server = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes,

@@ -33,6 +33,7 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def error_response(status: int, message: str, param: str | None = None,
                    code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A JSONResponse with ``status`` and the OpenAI error object."""
     return APIError(status, message, param, code, headers).response()
 
 

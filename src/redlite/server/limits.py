@@ -14,6 +14,9 @@ from redlite.server.errors import error_body
 
 
 class BodyLimitMiddleware:
+    """Reads each request body up front: 413 above ``max_bytes`` (by Content-Length or by the
+    bytes received), 408 when ``timeout_s`` seconds pass between chunks."""
+
     def __init__(self, app, max_bytes: int, timeout_s: float) -> None:
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 

@@ -103,6 +103,8 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Run the server until SIGINT/SIGTERM; returns the process exit status (0 on a normal
+    stop, 1 when the address cannot be bound)."""
     from redlite.cli import process_age_s
 
     # Take the port before loading the model, so a busy port fails at once, not after a load.

@@ -12,12 +12,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class TextPart(BaseModel):
+    """A ``{"type": "text", "text": ...}`` content part of a message."""
+
     model_config = ConfigDict(extra="allow")
     type: Literal["text"]
     text: str
 
 
 class Message(BaseModel):
+    """A chat message; ``content`` is a string, a list of text parts, or null (assistant)."""
+
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -31,6 +35,8 @@ class Message(BaseModel):
 
 
 class StreamOptions(BaseModel):
+    """``stream_options``: ``include_usage`` adds a final chunk with ``usage``."""
+
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
 
@@ -53,10 +59,14 @@ class SamplingFields(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
+    """Body of ``POST /v1/chat/completions``."""
+
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
 
 class CompletionRequest(SamplingFields):
+    """Body of ``POST /v1/completions`` (``max_tokens`` defaults to 16, as in the OpenAI API)."""
+
     prompt: str | list[int] | list[str]
     max_tokens: int | None = Field(default=16, ge=1)

@@ -38,6 +38,7 @@ def _envelope(meta: dict, chunk: bool) -> dict:
 
 
 def completion_body(meta: dict, text: str, result: GenerationResult) -> dict:
+    """The non-streamed OpenAI object (``chat.completion`` or ``text_completion``) for ``text``."""
     body = _envelope(meta, chunk=False)
     if meta["chat"]:
         choice = {"index": 0, "message": {"role": "assistant", "content": text},
