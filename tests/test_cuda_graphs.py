@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
 from redlite.engine.cuda_graphs import GraphDecoder, bucket_spans, choose_span  # noqa: E402
 from redlite.engine.torch_engine import TorchEngine  # noqa: E402

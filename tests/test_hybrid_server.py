@@ -16,7 +16,7 @@ from redlite.core.reuse import common_prefix_length
 from server_process import ServerProcess
 
 pytestmark = pytest.mark.model
-transformers = pytest.importorskip("transformers")
+import transformers
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json", "chat_template.jinja")

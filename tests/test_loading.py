@@ -25,9 +25,9 @@ from redlite.loading.gguf import (
 )
 from redlite.loading.tokenizer import HFTokenizer, load_tokenizer
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-gguf = pytest.importorskip("gguf")
+import torch
+import transformers
+import gguf
 
 
 # ------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch
+import transformers
 
 from redlite.engine.base import EngineError, SamplingParams  # noqa: E402
 from redlite.engine.sampling import TorchSampler, filter_logits  # noqa: E402
@@ -252,11 +252,9 @@ def test_cuda_matches_transformers(llama, dtype, tol):
 def test_engine_checkpoints_on_a_recurrent_model():
     """TorchEngine over a model whose state cannot truncate (Qwen3.5 hybrid): rollback goes
     through take_checkpoint/restore_checkpoint and their host form."""
-    qwen3_5 = pytest.importorskip("redlite.models.qwen3_5")
-    config_cls = getattr(transformers, "Qwen3_5TextConfig", None)
-    if config_cls is None:
-        pytest.skip("transformers has no Qwen3.5")
-    config = config_cls(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+    from redlite.models import qwen3_5
+
+    config = transformers.Qwen3_5TextConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
                         linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"])

@@ -45,7 +45,7 @@ def held_len(messages, answer):
 
 
 A = [SYSTEM, {"role": "user", "content": "Conversation A is about lighthouses and fog."}]
-B = [SYSTEM, {"role": "user", "content": "Sub-agent B greps the repository for TODO."}]
+B = [SYSTEM, {"role": "user", "content": "Sub-agent B greps the repository for to-do."}]
 
 
 def follow(messages, answer, user):

@@ -57,7 +57,7 @@ def test_round_trip_numpy_with_checkpoints(tmp_path):
 
 
 def test_round_trip_torch_bfloat16(tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
     kv = torch.randn(2, 2, 3, 5, 4).to(torch.bfloat16)
     snap = StateSnapshot(5, {"kv": kv, "rec": torch.zeros(0)}, {"layout": "LlamaState"}, "torch")
     expected = Expected("fp", "bfloat16", "torch")

@@ -19,7 +19,7 @@ tok = ByteTokenizer()
 SYSTEM = {"role": "system", "content": "You are a coding agent. Keep answers short."}
 A = [SYSTEM, {"role": "user", "content": "Main conversation: refactor the parser module so that "
                                           "every error names its line and column, then run the tests."}]
-B = [SYSTEM, {"role": "user", "content": "Sub-agent: list every TODO comment in src/ and group them "
+B = [SYSTEM, {"role": "user", "content": "Sub-agent: list every to-do comment in src/ and group them "
                                           "by file, most recent first, with their authors."}]
 C = [SYSTEM, {"role": "user", "content": "One-off question: what does the --park-mib flag bound, "
                                           "and what happens to a conversation evicted from RAM?"}]
