@@ -45,8 +45,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_hf import HF_MODES, build_hf, hf_config, sync, transformers_side_by_side, ttft  # noqa: E402
 
-R: dict = {"meta": {}, "ceilings": {}, "checks": {}, "decode": [], "prefill": [], "ttft": [], "hf": [],
-           "errors": []}
+R: dict = {"meta": {}, "ceilings": {}, "checks": {}, "decode": [], "decode_variants": [], "prefill": [],
+           "ttft": [], "hf": [], "errors": []}
 
 
 def say(*parts) -> None:
@@ -144,26 +144,31 @@ def checks(hf, engine, device):
         f"(6 tokens): {worst:.2e}; decode path {engine.decode_path}")
 
 
+def decode_rate(engine, ctx, n_tokens, device) -> float:
+    """Best of 2 runs of ``n_tokens`` greedy decode tokens/s at context ``ctx`` (random KV)."""
+    engine.reset()
+    with torch.inference_mode():
+        engine.state.cache.data[:, :, :, :ctx].normal_()
+    best = 0.0
+    for rep in range(2):
+        engine.state.n_past = ctx
+        logits = engine.decode(1)
+        for _ in range(3):  # warm-up (captures the graph the first time)
+            logits = engine.decode(int(torch.argmax(logits)))
+        engine.rewind(ctx)
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(n_tokens):
+            logits = engine.decode(int(torch.argmax(logits)))
+        int(torch.argmax(logits))
+        best = max(best, n_tokens / (time.perf_counter() - t0))
+    return best
+
+
 def decode_speed(engine, sizes, contexts, n_tokens, device):
     bw = R["ceilings"].get("copy_bw_Bps")
-    state = engine.state
     for ctx in contexts:
-        engine.reset()
-        with torch.inference_mode():
-            state.cache.data[:, :, :, :ctx].normal_()
-        best = 0.0
-        for rep in range(2):
-            state.n_past = ctx
-            logits = engine.decode(1)
-            for _ in range(3):  # warm-up (captures the graph the first time)
-                logits = engine.decode(int(torch.argmax(logits)))
-            engine.rewind(ctx)
-            sync(device)
-            t0 = time.perf_counter()
-            for _ in range(n_tokens):
-                logits = engine.decode(int(torch.argmax(logits)))
-            token = int(torch.argmax(logits))
-            best = max(best, n_tokens / (time.perf_counter() - t0))
+        best = decode_rate(engine, ctx, n_tokens, device)
         kv = sizes["kv_bytes_per_token"] * (ctx + n_tokens / 2)
         per_token = sizes["weight_bytes_per_token"] + kv
         bound = bw / per_token if bw else float("nan")
@@ -172,8 +177,29 @@ def decode_speed(engine, sizes, contexts, n_tokens, device):
         R["decode"].append(row)
         say(f"decode @ {ctx:>6}: {best:8.1f} tok/s   bound {bound:8.1f} tok/s "
             f"({per_token / 1e9:.2f} GB/token)   {row['pct_of_bound']:5.1f}%   [{engine.decode_path}]")
-        del token
     engine.reset()
+
+
+def decode_variants(engine, ctx, n_tokens, device):
+    """Decode tokens/s at ``ctx`` with each decode-ops variant (fused Triton products or cuBLAS,
+    with and without programmatic dependent launch), then back to the engine's default."""
+    from redlite.engine.cuda_graphs import GraphDecoder
+    from redlite.layers.decode_ops import TritonDecodeOps
+
+    default = engine._graph_decoder
+    R["decode_variants"] = []
+    try:
+        for fused, pdl, attention in ((True, 0, 0), (True, 1, 0), (True, 1, 1), (True, 1, 3), (True, 2, 3),
+                                      (False, 0, 0)):
+            ops = TritonDecodeOps(device, engine.model.spec.n_kv_heads, fused_gemv=fused, pdl=pdl,
+                                  pdl_attention=attention)
+            engine._graph_decoder = GraphDecoder(engine.model, engine.state, ops=ops)
+            rate = decode_rate(engine, ctx, n_tokens, device)
+            R["decode_variants"].append({"context": ctx, "ops": ops.name, "tok_s": rate})
+            say(f"decode @ {ctx}: {rate:8.1f} tok/s with ops {ops.name}")
+    finally:
+        engine._graph_decoder = default
+        engine.reset()
 
 
 def eager_decode_speed(model, ctx, n_tokens, device, dtype):
@@ -278,6 +304,8 @@ def main() -> None:
     small = device.type != "cuda"
     if "decode" not in skip:
         section("decode", decode_speed, engine, sizes, [256, 1024] if small else [1024, 8192, 32768], n_decode, device)
+        if device.type == "cuda":
+            section("decode variants", decode_variants, engine, 1024, n_decode, device)
         section("decode (eager)", eager_decode_speed, model, 1024, min(n_decode, 32), device, dtype)
     if "prefill" not in skip:
         section("prefill", prefill_speed, engine, sizes, [256, 1024] if small else [1024, 8192, 32768], device, args.quick)

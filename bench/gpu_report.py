@@ -67,6 +67,8 @@ def markdown(r: dict) -> str:
         if r.get("decode_eager"):
             e = r["decode_eager"]
             lines += [f"| {e['context']} (eager, no graph) | {e['tok_s']:.1f} | | | |"]
+        for v in r.get("decode_variants") or []:
+            lines += [f"| {v['context']} (decode ops `{v['ops']}`) | {v['tok_s']:.1f} | | | |"]
         lines += [""]
     if r.get("prefill"):
         lines += ["| prefill tokens | tok/s | ms | TFLOP/s | % of matmul peak |", "| --- | --- | --- | --- | --- |"]

@@ -27,6 +27,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _interpreter._patch_lang_tensor = _patch_lang_tensor
 
 from redlite.layers import triton_decode as tk
+from redlite.layers import triton_gemv as tg
 from redlite.layers.decode_ops import TorchDecodeOps
 from redlite.layers.rotary import RotaryTable
 
@@ -52,42 +53,92 @@ def check_norms(device, dtype, tol, gen):
         close("add_rms_norm residual", xa, xb, tol)
 
 
-def check_qk_rope(device, dtype, tol, gen):
-    for heads, kv, dim, rotary, norm in ((8, 2, 64, 64, True), (4, 4, 128, 32, False), (32, 8, 128, 128, True)):
+def check_attention(device, dtype, tol, gen):
+    """The fused attention kernel (q/k norm, rotary, KV write, split-KV attention, combine)
+    against the reference ops: output, the cache row it writes, and every other row kept."""
+    cases = ((8, 2, 64, 64, True), (32, 8, 128, 128, True), (4, 4, 64, 32, False), (4, 1, 64, 64, False))
+    for heads, kv, dim, rotary, norm in cases:
         table = RotaryTable(rotary, 1.0 / (10000 ** (torch.arange(0, rotary, 2).float() / rotary)))
         cos, sin = table.get(0, 300, device, dtype)
-        qkv = torch.randn(1, (heads + 2 * kv) * dim, generator=gen).to(device, dtype)
         nw = (1 + 0.3 * torch.randn(heads + kv, dim, generator=gen)).to(device, dtype) if norm else None
-        for p in (0, 17, 299):
-            pos = torch.tensor([p], device=device)
-            cache = torch.randn(2, kv, 300, dim, generator=gen).to(device, dtype)
-            caches = [cache.clone(), cache.clone()]
-            got = tk.qk_rope_store(qkv, pos, cos, sin, nw, 1e-6, caches[0][0], caches[0][1], heads, kv, dim)
-            want = REF.qk_rope_store(qkv, pos, cos, sin, nw, 1e-6, caches[1][0], caches[1][1], heads, kv, dim)
-            close(f"q rope {heads}/{kv}/{dim}/{rotary} at {p}", got, want, tol)
-            close(f"k/v store at {p}", caches[0][:, :, p], caches[1][:, :, p], tol)
-            assert torch.equal(caches[0][:, :, :p], caches[1][:, :, :p]), "rows before pos changed"
-            assert torch.equal(caches[0][:, :, p + 1:], caches[1][:, :, p + 1:]), "rows after pos changed"
-
-
-def check_attention(device, dtype, tol, gen):
-    for heads, kv, dim in ((8, 2, 64), (32, 8, 128), (4, 4, 64)):
-        keys = torch.randn(kv, 300, dim, generator=gen).to(device, dtype)
-        values = torch.randn(kv, 300, dim, generator=gen).to(device, dtype)
-        q = torch.randn(heads, dim, generator=gen).to(device, dtype)
+        cache = torch.randn(2, kv, 300, dim, generator=gen).to(device, dtype)
+        counters = torch.zeros(kv, dtype=torch.int32, device=device)
         for p in (0, 5, 63, 64, 200, 299):
             pos = torch.tensor([p], device=device)
+            qkv = torch.randn(1, (heads + 2 * kv) * dim, generator=gen).to(device, dtype)
             for window in (None, 16):
-                want = REF.attention(q, keys, values, pos, 300, window)
+                want_cache = cache.clone()
+                want = REF.rope_attend(qkv, pos, cos, sin, nw, 1e-6, want_cache[0], want_cache[1], heads, kv, dim,
+                                       300, window)
                 for splits in (1, 3, 7):
-                    got = tk.decode_attention(q, keys, values, pos, window, splits)
-                    close(f"attention {heads}/{kv}/{dim} pos {p} window {window} splits {splits}",
-                          got, want, tol)
+                    got_cache = cache.clone()
+                    got = tk.decode_attention(qkv, pos, cos, sin, nw, 1e-6, got_cache[0], got_cache[1], heads,
+                                              kv, dim, window, splits, counters)
+                    name = f"attention {heads}/{kv}/{dim}/{rotary} pos {p} window {window} splits {splits}"
+                    close(name, got, want, tol)
+                    close(name + " k/v row", got_cache[:, :, p], want_cache[:, :, p], tol)
+                    assert torch.equal(got_cache[:, :, :p], cache[:, :, :p]), name + ": rows before pos changed"
+                    assert torch.equal(got_cache[:, :, p + 1:], cache[:, :, p + 1:]), name + ": rows after changed"
+                    assert not counters.any(), name + ": slice counters not reset"
 
 
 def check_silu_mul(device, dtype, tol, gen):
     gu = torch.randn(2, 600, generator=gen).to(device, dtype)
     close("silu_mul", tk.silu_mul(gu, 300), REF.silu_mul(gu.clone(), 300), tol)
+
+
+def check_gemv(device, dtype, tol, gen):
+    """Every form of the fused matrix-vector kernel against the reference ops, with tiles that
+    do and do not divide the shape, one column tile and several, one program per row block
+    and programs striding over several (``programs_per_sm`` 1)."""
+    def rand(*shape, base=0.0, scale=1.0):
+        return (base + scale * torch.randn(*shape, generator=gen)).to(device, dtype)
+
+    for n, k in ((37, 100), (64, 256), (5, 300)):
+        x, nw = rand(1, k), rand(k, base=1.0, scale=0.3)
+        w, w2, bias, bias2 = rand(n, k, scale=0.1), rand(2 * n, k, scale=0.1), rand(n), rand(2 * n)
+        for config in ((4, 64, 4, 1, 0), (8, 512, 4, 3, 0), (1, 32, 2, 2, 1), (2, 128, 4, 1, 1)):
+            c = f"{n}x{k} config {config}"
+            for b in (None, bias):
+                close(f"gemv {c} bias {b is not None}", tg.gemv(x, w, b, config=config),
+                      REF.linear(x, w, b), tol)
+                close(f"gemv norm {c}", tg.gemv(x, w, b, norm_weight=nw, eps=1e-6, config=config),
+                      REF.norm_linear(x, nw, 1e-6, w, b), tol)
+            close(f"gemv norm float32 {c}",
+                  tg.gemv(x, w, None, norm_weight=nw, eps=1e-6, out_float32=True, config=config),
+                  REF.norm_linear(x, nw, 1e-6, w, None, out_float32=True), tol)
+            res = rand(1, n)
+            got_res, want_res = res.clone(), res.clone()
+            got = tg.gemv(x, w, bias, residual=got_res, config=config)
+            REF.linear_residual(x, w, bias, want_res)
+            assert got is got_res, "residual form returns the residual"
+            close(f"gemv residual {c}", got_res, want_res, tol)
+            for b in (None, bias2):
+                close(f"gemv gated {c} bias {b is not None}",
+                      tg.gemv(x, w2, b, norm_weight=nw, eps=1e-6, gated=True, config=config),
+                      REF.norm_gate_up(x, nw, 1e-6, w2, b, n), tol)
+
+
+def check_pdl(device, dtype, gen):
+    """Launched with programmatic dependent launch (every mode), the kernels give the same
+    results as launched plainly (CUDA compute capability 9.0+ only)."""
+    x, w = torch.randn(1, 256, generator=gen).to(device, dtype), torch.randn(96, 256, generator=gen).to(device, dtype)
+    nw = torch.ones(256, device=device, dtype=dtype)
+    table = RotaryTable(64, 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64)))
+    cos, sin = table.get(0, 100, device, dtype)
+    qkv = torch.randn(1, 16 * 64, generator=gen).to(device, dtype)
+    counters = torch.zeros(4, dtype=torch.int32, device=device)
+    pos = torch.tensor([70], device=device)
+    cache = torch.randn(2, 4, 100, 64, generator=gen).to(device, dtype)
+    plain = tg.gemv(x, w, norm_weight=nw, eps=1e-6)
+    attn = tk.decode_attention(qkv, pos, cos, sin, None, 1e-6, cache[0].clone(), cache[1].clone(), 8, 4, 64,
+                               None, 5, counters)
+    for mode in (1, 2, 3):
+        if mode < 3:
+            assert torch.equal(tg.gemv(x, w, norm_weight=nw, eps=1e-6, pdl=mode), plain), f"gemv pdl {mode}"
+        got = tk.decode_attention(qkv, pos, cos, sin, None, 1e-6, cache[0].clone(), cache[1].clone(), 8, 4, 64,
+                                  None, 5, counters, pdl=mode)
+        assert torch.equal(got, attn), f"attention pdl {mode}"
 
 
 def main() -> None:
@@ -98,10 +149,12 @@ def main() -> None:
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2 if interpreted else 1e-2)):
         with torch.inference_mode():
             check_norms(device, dtype, tol, gen)
-            check_qk_rope(device, dtype, tol, gen)
             check_silu_mul(device, dtype, tol, gen)
+            check_gemv(device, dtype, tol, gen)
             if not (interpreted and dtype != torch.float32):
                 check_attention(device, dtype, tol, gen)
+            if device.type == "cuda" and tg.pdl_supported(device):
+                check_pdl(device, dtype, gen)
         print(f"{device} {dtype}: ok", flush=True)
 
 

@@ -62,7 +62,7 @@ class GraphDecoder:
         cache = state.cache.data  # [n_layers, 2, n_kv_heads, max_tokens, head_dim]
         self.model, self.state = model, state
         self.device, self.dtype = cache.device, cache.dtype
-        self.ops = ops or decode_ops(self.device, self.dtype, cache.shape[-1], cache.shape[2])
+        self.ops = ops or decode_ops(self.device, self.dtype, cache.shape[-1], cache.shape[2], model.linear)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
         max_tokens = state.max_tokens
         self.spans = [max_tokens] if self.ops.length_from_pos else bucket_spans(max_tokens)

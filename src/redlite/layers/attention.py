@@ -139,18 +139,18 @@ class Attention(nn.Module):
                 is_causal=mask is None, enable_gqa=heads != kv_heads)
         return self.linear(out[0].transpose(0, 1).reshape(n_new, -1), self.o_weight, self.o_bias)
 
-    def decode_step(self, x: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    keys: torch.Tensor, values: torch.Tensor, span: int, ops) -> torch.Tensor:
-        """Attend one token ``x`` ([1, hidden]) at the position held in ``pos`` (LongTensor
-        [1] on x's device) without reading it on the host (CUDA-graph capturable).
+    def decode_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      keys: torch.Tensor, values: torch.Tensor, span: int, ops) -> torch.Tensor:
+        """Attend one token from its fused projection ``qkv`` ([1, (H + 2 KV) * D], before
+        q/k norm and rotary) at the position held in ``pos`` (LongTensor [1] on the device)
+        without reading it on the host (CUDA-graph capturable). The output projection is left
+        to the caller (so it can be fused with the residual add).
 
         ``cos``/``sin``: whole rotary tables ``[positions, 1, rotary_dim]``. ``keys``/
         ``values``: this layer's cache; row ``pos`` is written, rows ``< pos`` read. ``span``:
         cache rows the torch ops may read (``> pos``). ``ops``: a
-        :class:`~redlite.layers.decode_ops.TorchDecodeOps`. Returns [1, hidden].
+        :class:`~redlite.layers.decode_ops.TorchDecodeOps`. Returns [1, H * D].
         """
-        qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
-        q = ops.qk_rope_store(qkv, pos, cos, sin, self.qk_norm_weight, self.norm_eps, keys, values,
-                              self.n_heads, self.n_kv_heads, self.head_dim)
-        out = ops.attention(q, keys, values, pos, span, self.window)
-        return self.linear(out.reshape(1, -1), self.o_weight, self.o_bias)
+        out = ops.rope_attend(qkv, pos, cos, sin, self.qk_norm_weight, self.norm_eps, keys, values,
+                              self.n_heads, self.n_kv_heads, self.head_dim, span, self.window)
+        return out.reshape(1, -1)

@@ -2,16 +2,21 @@
 
 The decode step (:meth:`redlite.models.llama.LlamaModel.decode_step`) takes the token and
 its position as device tensors, so it can be captured once in a CUDA graph and replayed at
-any position. Its non-matmul work goes through a :class:`DecodeOps`:
+any position. Its work goes through a decode-ops object, per layer: ``norm_linear`` (input
+norm + qkv), ``rope_attend`` (q/k norm, rotary, KV write, attention), ``linear_residual``
+(o projection + residual add), ``norm_gate_up`` (post-attention norm + gate/up + silu),
+``linear_residual`` (down projection + residual add); at the end ``norm_linear`` (final norm
++ lm_head):
 
 * :class:`TorchDecodeOps`: plain torch ops, on any device; the same arithmetic as the
   eager forward pass (it is the reference). Its attention reads ``span`` cache slots and
   masks those past ``pos``, so a graph captured with it serves positions ``< span`` (the
   graph runner keeps one graph per span "bucket"). The unused cache slots must hold finite
   values (the runner zeroes them once).
-* :class:`TritonDecodeOps` (CUDA with Triton): fused kernels from
-  :mod:`redlite.layers.triton_decode`; attention reads only the keys up to ``pos``, so
-  ``span`` is ignored and one graph serves every position (``length_from_pos`` True).
+* :class:`TritonDecodeOps` (CUDA with Triton): each of those five steps is one kernel, from
+  :mod:`redlite.layers.triton_gemv` and :mod:`redlite.layers.triton_decode`; attention
+  reads only the keys up to ``pos``, so ``span`` is ignored and one graph serves every
+  position (``length_from_pos`` True).
 
 :func:`decode_ops` picks one for a device, dtype and head size.
 """
@@ -36,6 +41,27 @@ class TorchDecodeOps:
 
     name = "torch"
     length_from_pos = False
+
+    def __init__(self, linear=F.linear):
+        self.linear = linear  # fn(x [T, in], weight [out, in], bias | None) -> [T, out]
+
+    def norm_linear(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                    bias: torch.Tensor | None, out_float32: bool = False) -> torch.Tensor:
+        """``linear(rms_norm(x))``: ``x`` [1, K], ``weight`` [N, K] -> new [1, N] in x's dtype,
+        or float32 after that rounding when ``out_float32`` (the logits)."""
+        y = self.linear(self.rms_norm(x, norm_weight, eps), weight, bias)
+        return y.float() if out_float32 else y
+
+    def linear_residual(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        residual: torch.Tensor) -> torch.Tensor:
+        """``residual += linear(x)`` in place (``x`` [1, K], ``residual`` [1, N]); returns it."""
+        return residual.add_(self.linear(x, weight, bias))
+
+    def norm_gate_up(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                     bias: torch.Tensor | None, inter: int) -> torch.Tensor:
+        """``silu(gate) * up`` of ``linear(rms_norm(x))`` with the fused gate/up ``weight``
+        [2 * inter, K] (gate rows first) -> new [1, inter]."""
+        return self.silu_mul(self.linear(self.rms_norm(x, norm_weight, eps), weight, bias), inter)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm of ``x`` [T, n] -> new [T, n] (see :func:`redlite.layers.norm.rms_norm`)."""
@@ -81,6 +107,14 @@ class TorchDecodeOps:
                                              attn_mask=valid.view(1, 1, 1, span))
         return out.reshape(n_heads, head_dim)
 
+    def rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    norm_weight: torch.Tensor | None, eps: float, keys: torch.Tensor, values: torch.Tensor,
+                    n_heads: int, n_kv_heads: int, head_dim: int, span: int, window: int | None) -> torch.Tensor:
+        """:meth:`qk_rope_store` then :meth:`attention`: one token's attention from its fused
+        projection ``qkv`` [1, (H + 2 KV) * D]; writes its k/v at ``pos``; returns [H, D]."""
+        q = self.qk_rope_store(qkv, pos, cos, sin, norm_weight, eps, keys, values, n_heads, n_kv_heads, head_dim)
+        return self.attention(q, keys, values, pos, span, window)
+
     def silu_mul(self, gate_up: torch.Tensor, inter: int) -> torch.Tensor:
         """``silu(gate) * up`` of ``gate_up`` [T, 2 * inter] (gate first) -> new [T, inter]."""
         gate, up = gate_up.split(inter, dim=-1)
@@ -89,32 +123,73 @@ class TorchDecodeOps:
 
 class TritonDecodeOps(TorchDecodeOps):
     """Fused Triton kernels (CUDA). ``length_from_pos``: True (attention reads keys up to
-    ``pos`` only; ``span`` is ignored). ``n_splits``: key slices per KV head in attention."""
+    ``pos`` only; ``span`` is ignored). ``n_splits``: key slices per KV head in attention.
 
-    name = "triton"
+    ``fused_gemv`` (default True): the matrix-vector products are the Triton kernels of
+    :mod:`redlite.layers.triton_gemv` with the norms, residual adds and ``silu * up`` fused
+    in; False: cuBLAS (``F.linear``) with separate norm/add/activation kernels. ``pdl``: how
+    the Triton kernels use programmatic dependent launch (0 off; 1 or 2, see
+    :func:`redlite.layers.triton_gemv.pdl_sync`); default ``DEFAULT_PDL`` where supported,
+    or ``REDLITE_PDL``. ``pdl_attention``: the mode of the attention kernel (0-3; 3 lets the
+    next kernel launch once the key slices are done), default ``DEFAULT_PDL_ATTENTION`` when
+    ``pdl`` is on. ``name``: ``triton`` or ``triton+cublas``, then ``+pdl<mode>`` and
+    ``-attn<mode>`` when attention's mode differs.
+    """
+
     length_from_pos = True
+    DEFAULT_PDL = 1
+    DEFAULT_PDL_ATTENTION = 0
 
-    def __init__(self, device: torch.device, n_kv_heads: int):
-        from redlite.layers import triton_decode
+    def __init__(self, device: torch.device, n_kv_heads: int, fused_gemv: bool = True,
+                 pdl: int | None = None, pdl_attention: int | None = None):
+        super().__init__(F.linear)
+        from redlite.layers import triton_decode, triton_gemv
 
-        self.kernels = triton_decode
+        self.kernels, self.gemv = triton_decode, triton_gemv
         self.n_splits = triton_decode.default_splits(torch.device(device), n_kv_heads)
+        # finished-slice counts of the attention kernel, one per KV head (it resets them)
+        self.counters = torch.zeros(n_kv_heads, dtype=torch.int32, device=device)
+        self.fused_gemv = bool(fused_gemv)
+        if pdl is None:
+            pdl = int(os.environ.get("REDLITE_PDL", self.DEFAULT_PDL)) if triton_gemv.pdl_supported(device) else 0
+        if pdl_attention is None:
+            pdl_attention = self.DEFAULT_PDL_ATTENTION if pdl else 0
+        if pdl not in (0, 1, 2) or pdl_attention not in (0, 1, 2, 3):
+            raise ValueError(f"pdl must be 0, 1 or 2 and pdl_attention 0-3, got {pdl!r}, {pdl_attention!r}")
+        self.pdl, self.pdl_attention = int(pdl), int(pdl_attention)
+        self.name = ("triton" if self.fused_gemv else "triton+cublas") + (f"+pdl{self.pdl}" if self.pdl else "")
+        self.name += f"-attn{self.pdl_attention}" if self.pdl_attention != self.pdl else ""
 
     def rms_norm(self, x, weight, eps):
-        return self.kernels.add_rms_norm(x, None, weight, eps)
+        return self.kernels.add_rms_norm(x, None, weight, eps, pdl=self.pdl)
 
     def add_rms_norm(self, x, delta, weight, eps):
-        return self.kernels.add_rms_norm(x, delta, weight, eps)
+        return self.kernels.add_rms_norm(x, delta, weight, eps, pdl=self.pdl)
 
-    def qk_rope_store(self, qkv, pos, cos, sin, norm_weight, eps, keys, values, n_heads, n_kv_heads, head_dim):
-        return self.kernels.qk_rope_store(qkv, pos, cos, sin, norm_weight, eps, keys, values,
-                                          n_heads, n_kv_heads, head_dim)
+    def norm_linear(self, x, norm_weight, eps, weight, bias, out_float32=False):
+        if not self.fused_gemv:
+            return super().norm_linear(x, norm_weight, eps, weight, bias, out_float32)
+        return self.gemv.gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, out_float32=out_float32,
+                              pdl=self.pdl)
 
-    def attention(self, q, keys, values, pos, span, window):
-        return self.kernels.decode_attention(q, keys, values, pos, window, self.n_splits)
+    def linear_residual(self, x, weight, bias, residual):
+        if not self.fused_gemv:
+            return super().linear_residual(x, weight, bias, residual)
+        return self.gemv.gemv(x, weight, bias, residual=residual, pdl=self.pdl)
+
+    def norm_gate_up(self, x, norm_weight, eps, weight, bias, inter):
+        if not self.fused_gemv:
+            return super().norm_gate_up(x, norm_weight, eps, weight, bias, inter)
+        return self.gemv.gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=True, pdl=self.pdl)
+
+    def rope_attend(self, qkv, pos, cos, sin, norm_weight, eps, keys, values, n_heads, n_kv_heads, head_dim,
+                    span, window):
+        return self.kernels.decode_attention(qkv, pos, cos, sin, norm_weight, eps, keys, values, n_heads,
+                                             n_kv_heads, head_dim, window, self.n_splits, self.counters,
+                                             pdl=self.pdl_attention)
 
     def silu_mul(self, gate_up, inter):
-        return self.kernels.silu_mul(gate_up, inter)
+        return self.kernels.silu_mul(gate_up, inter, pdl=self.pdl)
 
 
 def triton_available() -> bool:
@@ -128,10 +203,11 @@ def triton_available() -> bool:
     return True
 
 
-def decode_ops(device: torch.device | str, dtype: torch.dtype, head_dim: int, n_kv_heads: int) -> TorchDecodeOps:
+def decode_ops(device: torch.device | str, dtype: torch.dtype, head_dim: int, n_kv_heads: int,
+               linear=F.linear) -> TorchDecodeOps:
     """The ops for a decode step on ``device`` in ``dtype``: Triton kernels on CUDA for
     float32/bfloat16/float16 and a power-of-two ``head_dim`` >= 16 when Triton imports,
-    else the torch reference."""
+    else the torch reference with ``linear`` (the model's linear function)."""
     device = torch.device(device)
     pow2 = head_dim >= 16 and head_dim & (head_dim - 1) == 0
     if (device.type == "cuda" and pow2 and dtype in (torch.float32, torch.bfloat16, torch.float16)
@@ -139,4 +215,4 @@ def decode_ops(device: torch.device | str, dtype: torch.dtype, head_dim: int, n_
         return TritonDecodeOps(device, n_kv_heads)
     if device.type == "cuda":
         log.warning("decode step uses torch ops (Triton missing or head_dim %d unsupported)", head_dim)
-    return TorchDecodeOps()
+    return TorchDecodeOps(linear)

@@ -1,17 +1,20 @@
 """Triton kernels of the one-token decode step (CUDA; importable only where Triton is).
 
-Each kernel replaces a chain of small torch ops, so a CUDA-graph replay of the decode step
-launches about ten kernels per layer (four of them matrix-vector products) and every kernel
-reads the position from a device tensor (no host value baked in but the shapes):
+Each kernel replaces a chain of small torch ops and reads the position from a device tensor
+(no host value baked in but the shapes), so one captured graph serves every position:
 
-* ``add_rms_norm``: ``x += delta`` (rounded to x's dtype), then RMSNorm of x.
-* ``qk_rope_store``: per head of the fused qkv row: q/k RMSNorm (Qwen3), rotary embedding at
-  ``pos``, q to an output buffer, k and v written into the KV cache at ``pos``.
-* ``decode_attention``: split-KV ("flash decoding") attention of one query over keys
-  ``0..pos`` (or the last ``window``), each program one KV head (its query heads as the rows
-  of a small matrix product) and one slice of the keys, then a combine kernel. The number of
-  keys comes from ``pos`` on the device, so one captured graph serves every context length.
-* ``silu_mul``: ``silu(gate) * up`` of the fused gate/up row.
+* ``decode_attention``: the whole attention of one token but its two projections, in one
+  launch: q/k RMSNorm (Qwen3) and rotary at ``pos``, k and v written into the KV cache, then
+  split-KV ("flash decoding") attention over keys ``0..pos`` (or the last ``window``), each
+  program one KV head (its query heads as the rows of a small matrix product) and one slice
+  of the keys; the last program of a KV head to finish combines the slices.
+* ``add_rms_norm``: ``x += delta`` (rounded to x's dtype), then RMSNorm of x, and
+  ``silu_mul``: ``silu(gate) * up`` of the fused gate/up row; used when the matrix-vector
+  products are cuBLAS's (with Triton's, :mod:`redlite.layers.triton_gemv` fuses both in).
+
+With ``pdl`` (1 or 2, see :func:`redlite.layers.triton_gemv.pdl_sync`) every kernel is
+launched with programmatic dependent launch and waits for the previous one
+(``griddepcontrol.wait``) before it reads or writes anything.
 
 The rounding follows the torch reference ops in :mod:`redlite.layers.decode_ops` (the eager
 model) step by step: statistics in float32, results rounded to the model dtype where torch
@@ -26,13 +29,16 @@ import torch
 import triton
 import triton.language as tl
 
+from redlite.layers.triton_gemv import gdc_launch_dependents, pdl_sync
+
 LOG2E = 1.4426950408889634
 NO_WINDOW = 1 << 40  # the window of full attention (keeps the kernel free of branches)
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, n_cols, eps,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_sync(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -49,48 +55,43 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, n_cols, eps,
 
 
 @triton.jit
-def _qk_rope_store_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, q_ptr, k_ptr, v_ptr,
-                          stride_cos, stride_kh, stride_kt, stride_vh, stride_vt, eps,
-                          H: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
-                          HAS_NORM: tl.constexpr):
-    head = tl.program_id(0)
-    pos = tl.load(pos_ptr)
+def _norm_rope(base, rows, rmask, nw_ptr, nw_rows, c, s, eps, D: tl.constexpr, R: tl.constexpr,
+               HAS_NORM: tl.constexpr, dt: tl.constexpr):
+    """Heads ``rows`` ([G]) of the projection at ``base`` ([heads, D] row-major): per-head
+    RMSNorm (weight rows ``nw_rows`` of ``nw_ptr`` [heads, D]) when ``HAS_NORM``, then rotary
+    with ``c``/``s`` ([D]; the first R features rotate). Returns [G, D] in ``dt``, rounded as
+    :func:`redlite.layers.rotary.apply_rotary` and :func:`redlite.layers.norm.rms_norm` round."""
     d = tl.arange(0, D)
-    dt = q_ptr.dtype.element_ty
-    if head < H + KV:
-        base = qkv_ptr + head * D
-        rot = d < R
-        swap = tl.where(d < R // 2, d + R // 2, d - R // 2)
-        x = tl.load(base + d).to(tl.float32)
-        xs = tl.load(base + swap, mask=rot, other=0.0).to(tl.float32)
-        if HAS_NORM:
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-            w = tl.load(nw_ptr + head * D + d).to(tl.float32)
-            ws = tl.load(nw_ptr + head * D + swap, mask=rot, other=0.0).to(tl.float32)
-            x = (w * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            xs = (ws * (xs * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        c = tl.load(cos_ptr + pos * stride_cos + d, mask=rot, other=1.0).to(tl.float32)
-        s = tl.load(sin_ptr + pos * stride_cos + d, mask=rot, other=0.0).to(tl.float32)
-        a = (x * c).to(dt).to(tl.float32)
-        y = tl.where(rot, a + xs * s, x).to(dt)
-        if head < H:
-            tl.store(q_ptr + head * D + d, y)
-        else:
-            tl.store(k_ptr + (head - H) * stride_kh + pos * stride_kt + d, y)
-    else:
-        vh = head - H - KV
-        v = tl.load(qkv_ptr + (H + KV) * D + vh * D + d)
-        tl.store(v_ptr + vh * stride_vh + pos * stride_vt + d, v)
+    rot = d < R
+    swap = tl.where(d < R // 2, d + R // 2, d - R // 2)
+    x = tl.load(base + rows[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    xs = tl.load(base + rows[:, None] * D + swap[None, :], mask=rmask[:, None] & rot[None, :],
+                 other=0.0).to(tl.float32)
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        w = tl.load(nw_ptr + nw_rows[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+        ws = tl.load(nw_ptr + nw_rows[:, None] * D + swap[None, :], mask=rmask[:, None] & rot[None, :],
+                     other=0.0).to(tl.float32)
+        x = (w * (x * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        xs = (ws * (xs * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    a = (x * c[None, :]).to(dt).to(tl.float32)
+    return tl.where(rot[None, :], a + xs * s[None, :], x).to(dt)
 
 
 @triton.jit
-def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, lse_ptr,
-                       stride_kh, stride_kt, stride_vh, stride_vt, window, qk_scale, n_splits,
-                       H: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                       BLOCK_N: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr):
+def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, k_ptr, v_ptr,
+                             o_ptr, lse_ptr, count_ptr, out_ptr,
+                             stride_cos, stride_kh, stride_kt, stride_vh, stride_vt, window, qk_scale, eps,
+                             n_splits, H: tl.constexpr, KV: tl.constexpr, GROUP: tl.constexpr,
+                             BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+                             HAS_NORM: tl.constexpr, IEEE: tl.constexpr, BLOCK_S: tl.constexpr,
+                             PDL: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
-    n = tl.load(pos_ptr) + 1  # keys 0 .. pos are valid
+    pdl_sync(PDL)
+    dt = out_ptr.dtype.element_ty
+    pos = tl.load(pos_ptr)
+    n = pos + 1  # keys 0 .. pos are valid
     first = tl.maximum(n - window, 0)  # window: 2**40 for full attention
     per = tl.cdiv(tl.cdiv(n - first, n_splits), BLOCK_N) * BLOCK_N
     lo = first + split * per
@@ -99,12 +100,21 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, lse_ptr,
     d = tl.arange(0, D)
     heads = kvh * GROUP + g
     gmask = g < GROUP
-    q = tl.load(q_ptr + heads[:, None] * D + d[None, :], mask=gmask[:, None], other=0.0)
+    c = tl.load(cos_ptr + pos * stride_cos + d, mask=d < R, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + pos * stride_cos + d, mask=d < R, other=0.0).to(tl.float32)
+    q = _norm_rope(qkv_ptr, heads, gmask, nw_ptr, heads, c, s, eps, D, R, HAS_NORM, dt)
+    k_base = k_ptr + kvh * stride_kh
+    v_base = v_ptr + kvh * stride_vh
+    if (pos >= lo) & (pos < hi):  # this program reads key `pos`: write it (and its value) first
+        one = g < 1
+        k_row = _norm_rope(qkv_ptr, H + kvh + g * 0, one, nw_ptr, H + kvh + g * 0, c, s, eps, D, R, HAS_NORM, dt)
+        v_row = tl.load(qkv_ptr + (H + KV + kvh) * D + g[:, None] * 0 + d[None, :], mask=one[:, None], other=0.0)
+        tl.store(k_base + pos * stride_kt + g[:, None] * 0 + d[None, :], k_row, mask=one[:, None])
+        tl.store(v_base + pos * stride_vt + g[:, None] * 0 + d[None, :], v_row, mask=one[:, None])
+        tl.debug_barrier()
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
-    k_base = k_ptr + kvh * stride_kh
-    v_base = v_ptr + kvh * stride_vh
     for start in range(lo, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         cmask = cols < hi
@@ -113,13 +123,13 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, lse_ptr,
         kt = tl.load(k_base + d[:, None] + cols[None, :] * stride_kt, mask=cmask[None, :], other=0.0)
         v = tl.load(v_base + cols[:, None] * stride_vt + d[None, :], mask=cmask[:, None], other=0.0)
         if IEEE:
-            s = tl.dot(q, kt, input_precision="ieee")
+            sc = tl.dot(q, kt, input_precision="ieee")
         else:
-            s = tl.dot(q, kt)
-        s = tl.where(cmask[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            sc = tl.dot(q, kt)
+        sc = tl.where(cmask[None, :], sc * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        p = tl.exp2(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
@@ -131,25 +141,27 @@ def _attn_split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, lse_ptr,
     lse = tl.where(full, m_i + tl.log2(tl.where(full, l_i, 1.0)), float("-inf"))
     tl.store(o_ptr + (split * H + heads)[:, None] * D + d[None, :], out, mask=gmask[:, None])
     tl.store(lse_ptr + split * H + heads, lse, mask=gmask)
+    if PDL == 3:  # the next kernel may launch while the last programs combine
+        gdc_launch_dependents()
+    # the last program of this KV head to finish combines the slices (no second kernel)
+    tl.debug_barrier()
+    done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
+    if done == n_splits - 1:
+        sp = tl.arange(0, BLOCK_S)
+        smask = sp < n_splits
+        for j in tl.static_range(GROUP):  # every slice of one query head per load
+            head = kvh * GROUP + j
+            part_lse = tl.load(lse_ptr + sp * H + head, mask=smask, other=float("-inf"), cache_modifier=".cg")
+            w = tl.exp2(part_lse - tl.max(part_lse, axis=0))
+            part = tl.load(o_ptr + (sp[:, None] * H + head) * D + d[None, :], mask=smask[:, None], other=0.0,
+                           cache_modifier=".cg")
+            tl.store(out_ptr + head * D + d, (tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)).to(dt))
+        tl.atomic_xchg(count_ptr + kvh, 0)
 
 
 @triton.jit
-def _attn_combine_kernel(o_ptr, lse_ptr, out_ptr, n_splits,
-                         H: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    head = tl.program_id(0)
-    s = tl.arange(0, BLOCK_S)
-    smask = s < n_splits
-    d = tl.arange(0, D)
-    lse = tl.load(lse_ptr + s * H + head, mask=smask, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    w = tl.exp2(lse - m)
-    o = tl.load(o_ptr + (s[:, None] * H + head) * D + d[None, :], mask=smask[:, None], other=0.0)
-    out = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
-    tl.store(out_ptr + head * D + d, out.to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_sync(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -162,30 +174,24 @@ def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
 
 # --- launchers -------------------------------------------------------------------------------
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _pdl(pdl: int) -> dict:
+    """Launch options of a kernel launched with programmatic dependent launch (``pdl``): the
+    kernel itself waits (``griddepcontrol.wait``) before touching any activation."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 pdl: int = 0) -> torch.Tensor:
     """``x`` ([T, n] contiguous) ``+= delta`` in place (when given), then return
-    ``rms_norm(x, weight, eps)`` as a new [T, n] tensor of x's dtype."""
+    ``rms_norm(x, weight, eps)`` as a new [T, n] tensor of x's dtype. ``pdl``: launch with
+    programmatic dependent launch (see :mod:`redlite.layers.triton_gemv`)."""
     rows, n_cols = x.shape
     out = torch.empty_like(x)
     block = triton.next_power_of_2(n_cols)
     _add_rms_norm_kernel[(rows,)](x, x if delta is None else delta, weight, out, n_cols, eps,
-                                  HAS_DELTA=delta is not None, BLOCK=block,
-                                  num_warps=8 if block >= 4096 else 4)
+                                  HAS_DELTA=delta is not None, BLOCK=block, PDL=int(pdl),
+                                  num_warps=8 if block >= 4096 else 4, **_pdl(pdl))
     return out
-
-
-def qk_rope_store(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  norm_weight: torch.Tensor | None, eps: float, keys: torch.Tensor, values: torch.Tensor,
-                  n_heads: int, n_kv_heads: int, head_dim: int) -> torch.Tensor:
-    """See :func:`redlite.layers.decode_ops.TorchDecodeOps.qk_rope_store`; ``head_dim`` must be
-    a power of two and ``cos``/``sin`` ``[positions, 1, rotary_dim]`` with unit last stride."""
-    q = torch.empty(n_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
-    _qk_rope_store_kernel[(n_heads + 2 * n_kv_heads,)](
-        qkv, pos, cos, sin, qkv if norm_weight is None else norm_weight, q, keys, values,
-        cos.stride(0), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1), eps,
-        H=n_heads, KV=n_kv_heads, D=head_dim, R=cos.shape[-1], HAS_NORM=norm_weight is not None,
-        num_warps=1)
-    return q
 
 
 # H200, Qwen3-8B shape, 32k keys, one layer (bench/gpu_tune.py --quick, two machines,
@@ -201,36 +207,48 @@ def default_splits(device: torch.device, n_kv_heads: int) -> int:
     return max(1, min(128, math.ceil(ATTN_CONFIG["splits_per_sm"] * sms / n_kv_heads)))
 
 
-def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, pos: torch.Tensor,
-                     window: int | None, n_splits: int, block_n: int | None = None,
-                     num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
-    """Attention of one token: ``q`` [H, D] over ``keys``/``values`` [KV, max_tokens, D] rows
-    ``0..pos`` (``pos``: LongTensor [1] on the device), or the last ``window`` of them.
-    Returns [H, D] in q's dtype. Scale ``1/sqrt(D)``. ``block_n`` (keys per step),
-    ``num_warps``, ``num_stages``: launch settings, default ``ATTN_CONFIG``."""
+def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     norm_weight: torch.Tensor | None, eps: float, keys: torch.Tensor, values: torch.Tensor,
+                     n_heads: int, n_kv_heads: int, head_dim: int, window: int | None, n_splits: int,
+                     counters: torch.Tensor, block_n: int | None = None, num_warps: int | None = None,
+                     num_stages: int | None = None, pdl: int = 0) -> torch.Tensor:
+    """Attention of one token in one kernel launch: from its fused projection ``qkv`` [1,
+    (H + 2 KV) * D] (see :meth:`redlite.layers.decode_ops.TorchDecodeOps.rope_attend`: q/k
+    RMSNorm with ``norm_weight`` [H + KV, D] when given, rotary at ``pos`` from the tables
+    ``cos``/``sin`` [positions, 1, rotary_dim], k and v written into ``keys``/``values`` [KV,
+    max_tokens, D] at ``pos``), over rows ``0..pos`` (or the last ``window``). ``pos``:
+    LongTensor [1] on the device. Returns [H, D] in qkv's dtype; scale ``1/sqrt(D)``.
+
+    Split-KV ("flash decoding"): ``n_splits`` programs per KV head each take a slice of the
+    keys, and the last of them to finish (counted in ``counters``, int32 [KV] zeros, reset by
+    the kernel) combines the slices. ``block_n`` (keys per step), ``num_warps``,
+    ``num_stages``: launch settings, default ``ATTN_CONFIG``. ``pdl``: programmatic dependent
+    launch (see :mod:`redlite.layers.triton_gemv`).
+    """
     block_n = block_n or ATTN_CONFIG["block_n"]
     num_warps = num_warps or ATTN_CONFIG["num_warps"]
     num_stages = num_stages or ATTN_CONFIG["num_stages"]
-    n_heads, head_dim = q.shape
-    n_kv = keys.shape[0]
-    group = n_heads // n_kv
-    o_part = torch.empty(n_splits, n_heads, head_dim, device=q.device, dtype=torch.float32)
-    lse = torch.empty(n_splits, n_heads, device=q.device, dtype=torch.float32)
-    out = torch.empty_like(q)
-    _attn_split_kernel[(n_kv, n_splits)](
-        q, keys, values, pos, o_part, lse, keys.stride(0), keys.stride(1), values.stride(0),
-        values.stride(1), int(window or NO_WINDOW), LOG2E / math.sqrt(head_dim), n_splits,
-        H=n_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        D=head_dim, IEEE=q.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages)
-    _attn_combine_kernel[(n_heads,)](o_part, lse, out, n_splits, H=n_heads, D=head_dim,
-                                     BLOCK_S=triton.next_power_of_2(n_splits), num_warps=4)
+    group = n_heads // n_kv_heads
+    o_part = torch.empty(n_splits, n_heads, head_dim, device=qkv.device, dtype=torch.float32)
+    lse = torch.empty(n_splits, n_heads, device=qkv.device, dtype=torch.float32)
+    out = torch.empty(n_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
+    _decode_attention_kernel[(n_kv_heads, n_splits)](
+        qkv, pos, cos, sin, qkv if norm_weight is None else norm_weight, keys, values, o_part, lse, counters,
+        out, cos.stride(0), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+        int(window or NO_WINDOW), LOG2E / math.sqrt(head_dim), float(eps), n_splits, H=n_heads, KV=n_kv_heads,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=head_dim,
+        R=cos.shape[-1], HAS_NORM=norm_weight is not None, IEEE=qkv.dtype == torch.float32,
+        BLOCK_S=triton.next_power_of_2(n_splits), PDL=int(pdl),
+        num_warps=num_warps, num_stages=num_stages, **_pdl(pdl))
     return out
 
 
-def silu_mul(gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, inter: int, pdl: int = 0) -> torch.Tensor:
     """``silu(gate_up[:, :inter]) * gate_up[:, inter:]`` ([T, 2*inter] contiguous) -> [T, inter]."""
     rows = gate_up.shape[0]
     out = torch.empty(rows, inter, device=gate_up.device, dtype=gate_up.dtype)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block, num_warps=4)
+    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block, PDL=int(pdl),
+                                                            num_warps=4,
+                                                            **_pdl(pdl))
     return out

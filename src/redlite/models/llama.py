@@ -209,19 +209,15 @@ class LlamaModel(CausalLM):
         the token's keys/values at ``pos`` but leaves ``state.n_past`` to the caller.
         Returns float32 logits [1, vocab] (the same as :meth:`forward` up to rounding).
         """
-        x = F.embedding(token, self.embed_weight)
+        x = F.embedding(token, self.embed_weight)  # the residual stream, updated in place
         cos, sin = self.rotary.get(0, state.max_tokens, x.device, x.dtype)
         keys, values = state.cache.keys, state.cache.values
-        first = self.layers[0].input_norm
-        h = ops.rms_norm(x, first.weight, first.eps)
-        delta = None
         for i, layer in enumerate(self.layers):
-            if delta is not None:
-                h = ops.add_rms_norm(x, delta, layer.input_norm.weight, layer.input_norm.eps)
-            attn = layer.attn.decode_step(h, pos, cos, sin, keys[i], values[i], span, ops)
-            h = ops.add_rms_norm(x, attn, layer.post_norm.weight, layer.post_norm.eps)
-            mlp = layer.mlp
-            gate_up = self.linear(h, mlp.gate_up_weight, mlp.gate_up_bias)
-            delta = self.linear(ops.silu_mul(gate_up, mlp.inter), mlp.down_weight, mlp.down_bias)
-        h = ops.add_rms_norm(x, delta, self.norm.weight, self.norm.eps)
-        return self.linear(h, self.lm_head_weight, None).float()
+            attn, mlp = layer.attn, layer.mlp
+            qkv = ops.norm_linear(x, layer.input_norm.weight, layer.input_norm.eps, attn.qkv_weight, attn.qkv_bias)
+            out = attn.decode_attend(qkv, pos, cos, sin, keys[i], values[i], span, ops)
+            ops.linear_residual(out, attn.o_weight, attn.o_bias, x)
+            act = ops.norm_gate_up(x, layer.post_norm.weight, layer.post_norm.eps, mlp.gate_up_weight,
+                                   mlp.gate_up_bias, mlp.inter)
+            ops.linear_residual(act, mlp.down_weight, mlp.down_bias, x)
+        return ops.norm_linear(x, self.norm.weight, self.norm.eps, self.lm_head_weight, None, out_float32=True)
