@@ -189,8 +189,7 @@ def decode_variants(engine, ctx, n_tokens, device):
     default = engine._graph_decoder
     R["decode_variants"] = []
     try:
-        for fused, pdl, attention in ((True, 0, 0), (True, 1, 0), (True, 1, 1), (True, 1, 3), (True, 2, 3),
-                                      (False, 0, 0)):
+        for fused, pdl, attention in ((True, 0, 0), (True, 1, 0), (True, 1, 1), (False, 0, 0)):
             ops = TritonDecodeOps(device, engine.model.spec.n_kv_heads, fused_gemv=fused, pdl=pdl,
                                   pdl_attention=attention)
             engine._graph_decoder = GraphDecoder(engine.model, engine.state, ops=ops)

@@ -21,6 +21,9 @@ NOTES = [
     "no reuse measured once.",
     "Equal leading greedy ids between the engines are informative only: with random weights the "
     "top logits are near ties that bfloat16 rounding differences (e.g. another attention kernel) flip.",
+    "Decode-ops rows: the same 1k decode with other kernel choices: `triton` fused products without "
+    "programmatic dependent launch, `+pdl1` with it, `-attn0` attention launched plainly (the "
+    "default), `triton+cublas` cuBLAS products with separate norm/add/silu kernels.",
     "max_position_embeddings is 131072 (the real Qwen3-8B has 40960) so the 64k turn fits.",
 ]
 
