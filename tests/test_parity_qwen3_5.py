@@ -367,13 +367,14 @@ def test_missing_weight_raises_key_error(model_path):
 
 # --- CUDA: the flash-linear-attention path (skipped without a GPU and the fla package) ----------
 
-def _cuda_fla_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
+def _cuda_with_fla() -> bool:
     from redlite.layers.gated_deltanet import fla_available
 
-    if not fla_available(torch.device("cuda")):
-        pytest.skip("flash-linear-attention unavailable (not installed, or REDLITE_NO_FLA set)")
+    return torch.cuda.is_available() and fla_available(torch.device("cuda"))
+
+
+needs_cuda_fla = pytest.mark.skipif(
+    not _cuda_with_fla(), reason="needs CUDA and flash-linear-attention (not installed, or REDLITE_NO_FLA set)")
 
 
 @pytest.fixture(scope="module")
@@ -397,11 +398,11 @@ def _run(model, ids, cuts, steps, device):
 
 
 @pytest.mark.gpu
+@needs_cuda_fla
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-2), (torch.bfloat16, 0.1)])
 def test_cuda_fla_path_matches_torch_path(cuda_pair, monkeypatch, dtype, atol):
     """fla's kernels round through bf16/tf32 internally: on an H200 a float32 run differed
     from the PyTorch path by 4e-3 at logit scale 1.5, a bfloat16 run by 0.03."""
-    _cuda_fla_or_skip()
     import redlite.layers.gated_deltanet as gdn
 
     _, path = cuda_pair
@@ -420,8 +421,8 @@ def test_cuda_fla_path_matches_torch_path(cuda_pair, monkeypatch, dtype, atol):
 
 
 @pytest.mark.gpu
+@needs_cuda_fla
 def test_cuda_rollback_with_fla(cuda_pair):
-    _cuda_fla_or_skip()
     _, path = cuda_pair
     model = load_qwen3_5(path, "cuda", torch.bfloat16)
     p, x, y = (_prompt(n, seed=s).cuda() for n, s in ((100, 4), (30, 5), (40, 6)))

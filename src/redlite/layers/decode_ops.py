@@ -130,9 +130,9 @@ class TritonDecodeOps(TorchDecodeOps):
     in; False: cuBLAS (``F.linear``) with separate norm/add/activation kernels. ``pdl``: how
     the Triton kernels use programmatic dependent launch (0 off; 1 or 2, see
     :func:`redlite.layers.triton_gemv.pdl_sync`); default ``DEFAULT_PDL`` where supported,
-    or ``REDLITE_PDL``. ``pdl_attention``: the mode of the attention kernel (0-3; 3 lets the
-    next kernel launch once the key slices are done), default ``DEFAULT_PDL_ATTENTION`` when
-    ``pdl`` is on. ``name``: ``triton`` or ``triton+cublas``, then ``+pdl<mode>`` and
+    or ``REDLITE_PDL``. ``pdl_attention``: the mode of the attention kernel (0-2), default
+    ``DEFAULT_PDL_ATTENTION`` when ``pdl`` is on: 0, a plain launch, because with PDL the H200
+    decoded slower (bench/results/gpu-2026-11-29-nvidia-h200.md, decode-ops rows). ``name``: ``triton`` or ``triton+cublas``, then ``+pdl<mode>`` and
     ``-attn<mode>`` when attention's mode differs.
     """
 
@@ -154,8 +154,8 @@ class TritonDecodeOps(TorchDecodeOps):
             pdl = int(os.environ.get("REDLITE_PDL", self.DEFAULT_PDL)) if triton_gemv.pdl_supported(device) else 0
         if pdl_attention is None:
             pdl_attention = self.DEFAULT_PDL_ATTENTION if pdl else 0
-        if pdl not in (0, 1, 2) or pdl_attention not in (0, 1, 2, 3):
-            raise ValueError(f"pdl must be 0, 1 or 2 and pdl_attention 0-3, got {pdl!r}, {pdl_attention!r}")
+        if pdl not in (0, 1, 2) or pdl_attention not in (0, 1, 2):
+            raise ValueError(f"pdl and pdl_attention must be 0, 1 or 2, got {pdl!r}, {pdl_attention!r}")
         self.pdl, self.pdl_attention = int(pdl), int(pdl_attention)
         self.name = ("triton" if self.fused_gemv else "triton+cublas") + (f"+pdl{self.pdl}" if self.pdl else "")
         self.name += f"-attn{self.pdl_attention}" if self.pdl_attention != self.pdl else ""

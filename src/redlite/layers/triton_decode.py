@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from redlite.layers.triton_gemv import gdc_launch_dependents, pdl_sync
+from redlite.layers.triton_gemv import pdl_sync
 
 LOG2E = 1.4426950408889634
 NO_WINDOW = 1 << 40  # the window of full attention (keeps the kernel free of branches)
@@ -141,8 +141,6 @@ def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, k_ptr, 
     lse = tl.where(full, m_i + tl.log2(tl.where(full, l_i, 1.0)), float("-inf"))
     tl.store(o_ptr + (split * H + heads)[:, None] * D + d[None, :], out, mask=gmask[:, None])
     tl.store(lse_ptr + split * H + heads, lse, mask=gmask)
-    if PDL == 3:  # the next kernel may launch while the last programs combine
-        gdc_launch_dependents()
     # the last program of this KV head to finish combines the slices (no second kernel)
     tl.debug_barrier()
     done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
@@ -195,8 +193,10 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 
 
 # H200, Qwen3-8B shape, 32k keys, one layer (bench/gpu_tune.py --quick, two machines,
-# 2026-11-29): stages 2 / 33 splits 47.1 and 44.0 us, stages 3 / 33 splits 39.9 and 41.3 us
-# (2.9-3.4 TB/s); 66 splits, block_n 128 or 8 warps were no better on the second machine.
+# 2026-11-29, measured on the earlier two-kernel attention: split kernel + combine kernel):
+# stages 2 / 33 splits 47.1 and 44.0 us, stages 3 / 33 splits 39.9 and 41.3 us (2.9-3.4 TB/s);
+# 66 splits, block_n 128 or 8 warps were no better on the second machine. Not re-swept for the
+# one-kernel attention (its 32k decode is 86% of the bandwidth bound in bench/results/).
 ATTN_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "splits_per_sm": 2}
 
 
@@ -249,6 +249,5 @@ def silu_mul(gate_up: torch.Tensor, inter: int, pdl: int = 0) -> torch.Tensor:
     out = torch.empty(rows, inter, device=gate_up.device, dtype=gate_up.dtype)
     block = 1024
     _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block, PDL=int(pdl),
-                                                            num_warps=4,
-                                                            **_pdl(pdl))
+                                                            num_warps=4, **_pdl(pdl))
     return out

@@ -15,13 +15,15 @@ matrix kernels instead of four matrix kernels plus three element-wise ones:
   computed in the epilogue (with ``norm`` for the post-attention norm), as
   :meth:`redlite.layers.decode_ops.TorchDecodeOps.silu_mul` rounds.
 
-Each program reads ``block_n`` rows in ``block_k`` column tiles and keeps float32 sums. With
+Each program reads ``block_n`` rows in ``block_k`` column tiles and keeps float32 sums;
+with ``programs_per_sm`` set, a fixed number of programs stride over the row blocks. With
 ``pdl`` (programmatic dependent launch, Hopper and newer) the kernel is launched so that it
 may start while the previous kernel finishes: it loads its first weight tile (weights never
 change) before ``griddepcontrol.wait`` and reads or writes activations only after it, so the
-launch gap and the previous kernel's tail are spent streaming weights; it calls
-``griddepcontrol.launch_dependents`` first, so the next kernel can do the same in its turn.
-Launch settings per shape come from :func:`gemv_config` (measured with ``bench/gpu_tune.py``).
+launch gap and the previous kernel's tail are spent streaming weights; it also calls
+``griddepcontrol.launch_dependents`` (see :func:`pdl_sync`) so the next kernel can do the
+same in its turn. Launch settings per shape come from :func:`gemv_config` (measured with
+``bench/gpu_tune.py``).
 """
 
 from __future__ import annotations
@@ -47,15 +49,12 @@ PLAIN, RESIDUAL, GATED = 0, 1, 2
 def pdl_sync(PDL: tl.constexpr):
     """Where a kernel launched with programmatic dependent launch starts touching activations:
     ``PDL`` 1 waits for the previous kernel, then lets the next one launch; 2 lets the next
-    one launch first; 3 only waits (the kernel lets the next one launch later, or at its
-    end); 0 (a plain launch) does nothing."""
+    one launch first, then waits; 0 (a plain launch) does nothing."""
     if PDL == 1:
         gdc_wait()
         gdc_launch_dependents()
     elif PDL == 2:
         gdc_launch_dependents()
-        gdc_wait()
-    elif PDL == 3:
         gdc_wait()
 
 
