@@ -7,8 +7,10 @@
 n_saved/n_restored/n_erased count tokens, n_written/n_read bytes, times are in ms.
 
 Enabled only with ``--slot-save-path DIR`` (else 501). Files are the session format
-(:mod:`redlite.core.session_file`): a file of another model is refused on restore (400).
+(:mod:`redlite.core.session_file`), created 0600 in a 0700 directory: a file of another model
+is refused on restore (400), a missing one is a 404.
 A filename must be a plain name inside that directory (:func:`validate_filename`), else 400.
+Error messages name the file only by its given name; paths and OS errors go to the log.
 The operations run on the engine worker thread between generations: each is queued as an
 :class:`~redlite.core.generation.EngineTask` like a request (503 when the queue is full).
 """
@@ -37,7 +39,7 @@ from redlite.server.errors import APIError
 log = logging.getLogger("redlite.slots")
 
 MAX_FILENAME = 128
-_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_FILENAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # matched against the whole name
 
 
 def validate_filename(name: Any) -> str:
@@ -49,7 +51,7 @@ def validate_filename(name: Any) -> str:
         raise ValueError("filename must be a non-empty string")
     if len(name) > MAX_FILENAME:
         raise ValueError(f"filename longer than {MAX_FILENAME} characters")
-    if not _FILENAME.match(name):
+    if not _FILENAME.fullmatch(name):
         raise ValueError("filename may hold only letters, digits, '.', '_' and '-', "
                          "and must start with a letter or digit")
     if ".." in name:
@@ -98,7 +100,8 @@ class SlotService:
         try:
             written = write_state_file(path, meta, tensors)
         except OSError as error:
-            raise SlotError(500, f"could not write {path.name}: {error}") from None
+            log.error("slot save %s failed: %s", path.name, error)
+            raise SlotError(500, f"could not write {path.name}") from None
         ms = (time.perf_counter() - started) * 1000.0
         log.info("slot save %s: saved %d tok (%d bytes) in %.1f ms", path.name, len(entry.held_ids),
                  written, ms)
@@ -108,13 +111,13 @@ class SlotService:
     def restore(self, gen: Generator, path: Path) -> dict:
         started = time.perf_counter()
         if not path.is_file():
-            raise SlotError(400, f"slot file not found: {path.name}")
+            raise SlotError(404, f"slot file not found: {path.name}")
         try:
             state = read_state_file(path, self.expected)
             entry = entry_from_file(state, "slot")
         except SessionFileError as error:
             log.warning("refused file %s reason=%s (%s)", path.name, error.reason, error.detail)
-            raise SlotError(400, f"cannot restore {path.name}: {error}") from None
+            raise SlotError(400, f"cannot restore {path.name}: {error.reason}") from None
         parking = gen.parking
         if parking is not None and not gen.failed and gen.held_ids and gen.held_ids != entry.held_ids:
             parking.park_live(gen, frozenset())
@@ -157,7 +160,8 @@ class SlotService:
         if isinstance(error, ShuttingDown):
             raise APIError(503, "server is shutting down", None, "shutting_down")
         if error is not None:
-            raise APIError(500, f"slot {name} failed: {type(error).__name__}: {error}")
+            log.error("slot %s failed: %s: %s", name, type(error).__name__, error)
+            raise APIError(500, f"slot {name} failed")
         return task.result
 
 
@@ -178,7 +182,7 @@ def mount_slot_routes(app: FastAPI, state: Any) -> None:
             raise APIError(400, "action must be save, restore or erase", "action")
         try:
             body = json.loads(await request.body() or b"{}")
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise APIError(400, "request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise APIError(400, "request body must be a JSON object")
