@@ -32,7 +32,7 @@ from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.openapi import install_openapi
 from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                                     unsupported_field)
-from redlite.server.security import SecurityMiddleware, SecurityOptions
+from redlite.server.security import SecurityMiddleware, SecurityOptions, require_json
 from redlite.server.slots import mount_slot_routes
 from redlite.server.sse import completion_body, stream_events
 
@@ -256,6 +256,7 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
     bounded, lone surrogates refused); raise a 400 APIError naming the offending field, or the
     first field set that the server does not implement
     (:data:`redlite.server.schemas.UNSUPPORTED_FIELDS`)."""
+    require_json(request.headers)
     raw = await request.body()
     try:
         parsed = model.model_validate_json(raw)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr,
                       StringConstraints, model_validator)
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
@@ -23,6 +23,24 @@ from pydantic_core import PydanticCustomError
 from redlite.core.stop import MAX_STOP_BYTES, MAX_STOP_SEQUENCES
 
 _STRICT = ConfigDict(extra="allow", strict=True)
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: ``10.0`` is the integer 10 (JSON Schema says so too)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JSONInt = Annotated[int, BeforeValidator(_integral)]
+"""An integer field: JSON integers and integral numbers (``10.0``); never strings or booleans
+(the models are strict)."""
+
+
+def int_in(ge: int | None = None, le: int | None = None) -> Any:
+    """:data:`JSONInt` bounded by ``ge`` <= value <= ``le`` (bounds inside the type, so the
+    JSON schema shows them as ``minimum`` / ``maximum``)."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
 
 
 @dataclass(frozen=True)
@@ -144,18 +162,18 @@ class SamplingFields(BaseModel):
 
     model_config = _STRICT
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_tokens: int_in(ge=1) | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: StrictInt | None = Field(default=None, ge=-1)
+    top_k: int_in(ge=-1) | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: StrictInt | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
-    n: StrictInt | None = Field(default=None, ge=1)
+    seed: int_in(ge=SEED_MIN, le=SEED_MAX) | None = None
+    n: int_in(ge=1) | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    logprobs: StrictBool | StrictInt | None = None
-    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
+    logprobs: StrictBool | JSONInt | None = None
+    top_logprobs: int_in(ge=0, le=20) | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -165,7 +183,7 @@ class ChatCompletionRequest(SamplingFields):
     """Body of ``POST /v1/chat/completions``."""
 
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: int_in(ge=1) | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -173,10 +191,10 @@ class CompletionRequest(SamplingFields):
     ``prompt``: one string or one list of token ids (a list of one string is that string)."""
 
     prompt: (Annotated[str, StringConstraints(strict=True, min_length=1)]
-             | Annotated[list[StrictInt], Field(min_length=1)]
+             | Annotated[list[JSONInt], Field(min_length=1)]
              | Annotated[list[Annotated[str, StringConstraints(strict=True, min_length=1)]],
                          Field(min_length=1, max_length=1)])
-    max_tokens: StrictInt | None = Field(default=16, ge=1)
+    max_tokens: int_in(ge=1) | None = 16
 
 
 class SlotRequest(BaseModel):

@@ -8,7 +8,7 @@
   the ``Host`` header must name ``localhost``, ``127.0.0.1``, ``[::1]`` (any port) or an
   ``--allowed-host``; 403 otherwise. A web page that rebinds its own name to 127.0.0.1 still
   sends its own name as Host.
-* JSON bodies: a ``POST`` must declare ``application/json`` (parameters such as
+* JSON bodies (:func:`require_json`, called by the routes): a ``POST`` must declare ``application/json`` (parameters such as
   ``charset=utf-8`` allowed) or a ``+json`` type; 415 otherwise. A cross-site page can only
   send ``text/plain``, form or multipart bodies without a CORS preflight, so this refuses every
   cross-site "simple" request that could run a generation or write a slot file.
@@ -100,9 +100,20 @@ def is_json_type(content_type: str) -> bool:
                                             and media.endswith("+json"))
 
 
+def require_json(headers) -> None:
+    """Raise APIError 415 unless the request declares a JSON body (``headers``: a Starlette
+    Headers mapping). Called by every route that takes a body, after routing, so a wrong
+    method or path is still a 405 or 404."""
+    from redlite.server.errors import APIError
+
+    if not is_json_type(headers.get("content-type", "")):
+        raise APIError(415, "the request body must be JSON, sent with "
+                       "'Content-Type: application/json'", None, "unsupported_media_type")
+
+
 class SecurityMiddleware:
-    """Pure ASGI middleware applying :class:`SecurityOptions` (Host, then key, then content
-    type); sits inside the CORS middleware so preflights are answered before any key check."""
+    """Pure ASGI middleware applying :class:`SecurityOptions` (Host, then key); sits inside
+    the CORS middleware so preflights are answered before any key check."""
 
     def __init__(self, app, options: SecurityOptions) -> None:
         self.app, self.options = app, options
@@ -126,11 +137,6 @@ class SecurityMiddleware:
                              "'Authorization: Bearer KEY' or 'x-api-key: KEY'", None,
                              "invalid_api_key", {"WWW-Authenticate": "Bearer"})
             return
-        if scope["method"] in ("POST", "PUT", "PATCH"):
-            if not is_json_type(headers.get(b"content-type", b"").decode("latin-1")):
-                await send_error(send, scope, 415, "the request body must be JSON, sent with "
-                                 "'Content-Type: application/json'", None, "unsupported_media_type")
-                return
         await self.app(scope, receive, send)
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:

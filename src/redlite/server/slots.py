@@ -4,6 +4,8 @@
 ``{"id_slot", "filename", "n_saved", "n_written", "timings": {"save_ms"}}``;
 ``action=restore`` -> ``{"id_slot", "filename", "n_restored", "n_read", "timings": {"restore_ms"}}``;
 ``action=erase`` -> ``{"id_slot", "n_erased"}`` (as llama.cpp's ``/slots/{id}`` endpoint).
+Every action takes the JSON body ``{"filename": ...}`` (erase checks the name and ignores it:
+one documented body for the route, and no cross-site form post can reach it).
 n_saved/n_restored/n_erased count tokens, n_written/n_read bytes, times are in ms.
 
 Enabled only with ``--slot-save-path DIR`` (else 501). Files are the session format
@@ -35,6 +37,7 @@ from redlite.core.session_file import (Expected, SessionFileError, read_state_fi
 from redlite.core.sessions import SESSION_NAME, entry_from_file, entry_to_file
 from redlite.core.worker import EngineWorker, Job, QueueFull, ShuttingDown
 from redlite.server.errors import APIError
+from redlite.server.security import require_json
 
 log = logging.getLogger("redlite.slots")
 
@@ -176,9 +179,8 @@ def mount_slot_routes(app: FastAPI, state: Any) -> None:
             raise APIError(501, "the slot API is disabled: start the server with --slot-save-path DIR")
         if id_slot != "0":
             raise APIError(400, f"invalid slot id {id_slot!r}: this server has one slot, 0", "id_slot")
-        if action == "erase":
-            return await service.run(service.erase, action)
-        if action not in ("save", "restore"):
+        require_json(request.headers)  # no cross-site "simple" POST may erase or write
+        if action not in ("save", "restore", "erase"):
             raise APIError(400, "action must be save, restore or erase", "action")
         try:
             body = json.loads(await request.body() or b"{}")
@@ -186,9 +188,11 @@ def mount_slot_routes(app: FastAPI, state: Any) -> None:
             raise APIError(400, "request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise APIError(400, "request body must be a JSON object")
-        try:
+        try:  # every action takes the same body (erase checks the filename, then ignores it)
             path = service.path_of(body.get("filename"))
         except SlotError as error:
             raise APIError(error.status, str(error), "filename") from None
+        if action == "erase":
+            return await service.run(service.erase, action)
         method = service.save if action == "save" else service.restore
         return await service.run(lambda gen: method(gen, path), action)
