@@ -93,7 +93,8 @@ def test_invalid_fields_get_400_with_param(echo_server, fields, param):
     error = r.json()["error"]
     assert error["param"] == param
     assert error["type"] == "invalid_request_error"
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
+    assert error["request_id"] == r.headers["x-request-id"]
     assert chat(echo_server.url, "still here").json()["choices"][0]["message"]["content"] == "still here"
 
 
