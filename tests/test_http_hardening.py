@@ -156,7 +156,8 @@ def test_strict_types_name_param(path, fields, param):
 def test_several_prompts_are_refused():
     with echo_client() as c:
         r = c.post("/v1/completions", json={"prompt": ["a", "b"]})
-        assert r.status_code == 400 and r.json()["error"]["param"].startswith("prompt")
+        assert_openai_error(r, 400, "prompt")
+        assert "at most 1 item" in r.json()["error"]["message"]
 
 
 def test_integral_numbers_are_integers():
@@ -356,3 +357,16 @@ def test_session_files_are_private(tmp_path):
     import numpy as np
     write_state_file(tmp_path / "s.rlsession", {"fingerprint": "f"}, {"x": np.zeros(4, np.float32)})
     assert stat.S_IMODE((tmp_path / "s.rlsession").stat().st_mode) == 0o600
+
+
+def test_serve_help_prints_each_default_once():
+    from redlite.cli import build_parser
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    formatter = serve._get_formatter()
+    for action in serve._actions:
+        if action.help:
+            text = formatter._expand_help(action)
+            assert text.count("default") <= 1, text
+            assert "(default: None)" not in text and "(default: False)" not in text
+    text = serve.format_help()
+    assert "(default: 8080)" in text and "(default: 127.0.0.1)" in text
