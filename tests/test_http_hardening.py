@@ -370,3 +370,13 @@ def test_serve_help_prints_each_default_once():
             assert "(default: None)" not in text and "(default: False)" not in text
     text = serve.format_help()
     assert "(default: 8080)" in text and "(default: 127.0.0.1)" in text
+
+
+def test_server_process_deletes_its_log():
+    from server_process import ServerProcess
+    server = ServerProcess()
+    log_path = server._log.name
+    assert "listening on" in server.wait_for_log("listening on")
+    server.stop()
+    assert not __import__("os").path.exists(log_path)
+    assert "listening on" in server.log()  # still readable from memory after the stop
