@@ -27,7 +27,7 @@ from redlite.core.tokenizer import Tokenizer
 from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams
 from redlite.server.access import AccessMiddleware, context_of
-from redlite.server.errors import APIError, as_api_error, error_body, error_response, surface_of
+from redlite.server.errors import APIError, as_api_error, error_body, surface_of
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.openapi import install_openapi
 from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
@@ -55,12 +55,15 @@ class ServerState:
 
 
 def _param_of(loc: tuple) -> str | None:
-    """The dotted request field of a pydantic error location: union member tags that pydantic
-    puts in ``loc`` (``str``, ``list[int]``, ``constrained-str``, model class names) are
-    dropped; field names are snake_case identifiers or list indices."""
+    """The dotted request field of a pydantic error location (``messages.0.role``): union
+    member tags that pydantic puts in ``loc`` (``str``, ``list[int]``, ``constrained-str``,
+    model class names) are dropped, and so are trailing list indices (``stop.0`` -> ``stop``,
+    ``messages.0.content.1`` -> ``messages.0.content``): the param names a field."""
     parts = [str(p) for p in loc if p != "body"]
     parts = [p for p in parts if not ("[" in p or "-" in p or p[:1].isupper()
                                       or p in _TYPE_TAGS)]
+    while parts and parts[-1].isdigit():
+        parts.pop()
     return ".".join(parts) or None
 
 
@@ -69,7 +72,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
 
 def _first_error(error: ValidationError) -> dict:
     """The error to report: an unsupported content part first, else the deepest location
-    (the union member that got furthest, e.g. ``prompt.0`` for ``[true]``)."""
+    (the union member that got furthest, e.g. the token-id list for ``"prompt": [true]``)."""
     errors = error.errors()
     for item in errors:
         if item["type"] == "unsupported_content":
@@ -83,9 +86,9 @@ def create_app(state: ServerState) -> FastAPI:
     surface's shape for every failure (:mod:`redlite.server.errors`).
 
     Middlewares, outermost first: request id + access log + JSON 500
-    (:mod:`redlite.server.access`), CORS (only with ``security.cors_origins``), Host / API key /
-    JSON content type (:mod:`redlite.server.security`), body size and deadline
-    (:mod:`redlite.server.limits`)."""
+    (:mod:`redlite.server.access`), CORS (only with ``security.cors_origins``), Host / API key
+    (:mod:`redlite.server.security`), body size and deadline (:mod:`redlite.server.limits`).
+    Routes that take a body check its JSON content type after routing (415)."""
     app = FastAPI(title="redlite", docs_url=None, redoc_url=None)
     app.state.server = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes,
