@@ -29,6 +29,8 @@ from redlite.engine.base import SamplingParams
 from redlite.server.errors import APIError, as_api_error, error_body, error_response
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from redlite.server.anthropic import mount_anthropic_routes
+from redlite.server.responses import mount_responses_routes
 from redlite.server.slots import mount_slot_routes
 from redlite.server.sse import completion_body, stream_events
 
@@ -173,6 +175,8 @@ def create_app(state: ServerState) -> FastAPI:
         return await _collect(request, job, events, meta)
 
     mount_slot_routes(app, state)
+    mount_anthropic_routes(app, state)
+    mount_responses_routes(app, state)
     return app
 
 

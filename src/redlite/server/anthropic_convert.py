@@ -1,0 +1,214 @@
+"""Anthropic Messages body -> :class:`redlite.core.chat.ChatRequest` (pure, no I/O but logging).
+
+Mapping (Anthropic Messages API -> the OpenAI-shaped history of :mod:`redlite.core.chat`):
+
+* ``system`` (string or text blocks) -> one ``system`` message, blocks joined with ``"\\n\\n"``.
+  A block whose text starts with ``x-anthropic-billing-header:`` is dropped (logged once per
+  process): Claude Code puts a per-request nonce there, which would change the prompt at token
+  ~40 on every turn and defeat state reuse.
+* user ``text`` blocks -> a ``user`` message (consecutive text blocks joined with ``"\\n\\n"``);
+  ``tool_result`` blocks -> ``tool`` messages (``tool_call_id`` = ``tool_use_id``; content text;
+  ``is_error`` prefixes ``"Error: "``), in block order.
+* assistant ``text`` -> ``content``; ``thinking`` -> ``reasoning_content`` (``redacted_thinking``
+  is opaque and dropped); ``tool_use`` -> ``tool_calls`` with ``arguments`` = the input as JSON.
+* ``image`` / ``document`` blocks -> 400 (redlite serves text models).
+* ``tools`` -> OpenAI function tools; tools with another ``type`` (Anthropic server tools) are
+  skipped with one log line per request.
+* ``tool_choice``: auto -> auto, any -> required, tool -> the name, none -> none;
+  ``disable_parallel_tool_use`` -> ``parallel_tool_calls=False``.
+* ``thinking``: enabled -> ``enable_thinking=True``, disabled -> ``False``, adaptive/absent ->
+  the template's default.
+* ``cache_control`` markers are ignored everywhere: they never change a token of the prompt.
+
+Errors: :class:`redlite.server.errors.APIError` (400) naming the offending field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from redlite.core.chat import ChatRequest
+from redlite.engine.base import SamplingParams
+from redlite.server.anthropic_schemas import Block, CountTokensRequest, MessagesRequest
+from redlite.server.errors import APIError
+
+log = logging.getLogger("redlite.server.anthropic")
+
+BILLING_PREFIX = "x-anthropic-billing-header:"
+_logged_once: set[str] = set()
+
+
+def _log_once(key: str, message: str, *args: object) -> None:
+    if key not in _logged_once:
+        _logged_once.add(key)
+        log.info(message, *args)
+
+
+def _unsupported(block: Block, where: str) -> APIError:
+    if block.type in ("image", "document"):
+        return APIError(400, f"{where}: {block.type} content is not supported: redlite serves "
+                        "text-only models", where)
+    return APIError(400, f"{where}: unsupported content block type {block.type!r}", where)
+
+
+def _text_of(block: Block, where: str) -> str:
+    if block.text is None:
+        raise APIError(400, f"{where}: a text block needs 'text'", where)
+    return block.text
+
+
+def system_text(system: str | list[Block] | None) -> str | None:
+    """The system prompt without Claude Code's billing-header block; None when empty."""
+    if system is None:
+        return None
+    if isinstance(system, str):
+        blocks = [system]
+    else:
+        blocks = []
+        for i, block in enumerate(system):
+            if block.type != "text":
+                raise _unsupported(block, f"system.{i}")
+            blocks.append(_text_of(block, f"system.{i}"))
+    kept = [text for text in blocks if not text.lstrip().startswith(BILLING_PREFIX)]
+    if len(kept) != len(blocks):
+        _log_once("billing", "anthropic: dropping the %r system block (a per-request nonce that "
+                  "would defeat prompt reuse); logged once", BILLING_PREFIX)
+    text = "\n\n".join(kept)
+    return text or None
+
+
+def _tool_result_text(block: Block, where: str) -> str:
+    content = block.content
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        parts = []
+        for j, part in enumerate(content):
+            if part.type != "text":
+                raise _unsupported(part, f"{where}.content.{j}")
+            parts.append(_text_of(part, f"{where}.content.{j}"))
+        text = "\n\n".join(parts)
+    return f"Error: {text}" if block.is_error else text
+
+
+def _user_messages(content: list[Block], where: str) -> list[dict]:
+    out: list[dict] = []
+    texts: list[str] = []
+
+    def flush() -> None:
+        if texts:
+            out.append({"role": "user", "content": "\n\n".join(texts)})
+            texts.clear()
+
+    for j, block in enumerate(content):
+        at = f"{where}.content.{j}"
+        if block.type == "text":
+            texts.append(_text_of(block, at))
+        elif block.type == "tool_result":
+            flush()
+            if not block.tool_use_id:
+                raise APIError(400, f"{at}: tool_result needs 'tool_use_id'", at)
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                        "content": _tool_result_text(block, at)})
+        else:
+            raise _unsupported(block, at)
+    flush()
+    return out
+
+
+def _assistant_message(content: list[Block], where: str) -> dict:
+    texts, reasoning, calls = [], [], []
+    for j, block in enumerate(content):
+        at = f"{where}.content.{j}"
+        if block.type == "text":
+            texts.append(_text_of(block, at))
+        elif block.type == "thinking":
+            reasoning.append(block.thinking or "")
+        elif block.type == "redacted_thinking":
+            continue
+        elif block.type == "tool_use":
+            if not block.id or not block.name:
+                raise APIError(400, f"{at}: tool_use needs 'id' and 'name'", at)
+            arguments = block.input if block.input is not None else {}
+            calls.append({"id": block.id, "type": "function", "function": {
+                "name": block.name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+        else:
+            raise _unsupported(block, at)
+    message: dict = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
+    if reasoning:
+        message["reasoning_content"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def convert_messages(body: CountTokensRequest) -> list[dict]:
+    """The OpenAI-shaped history of ``body`` (system first)."""
+    messages: list[dict] = []
+    system = system_text(body.system)
+    if system is not None:
+        messages.append({"role": "system", "content": system})
+    for i, message in enumerate(body.messages):
+        where = f"messages.{i}"
+        content = message.content
+        if isinstance(content, str):
+            content = [Block(type="text", text=content)]
+        if message.role == "user":
+            messages.extend(_user_messages(content, where))
+        else:
+            messages.append(_assistant_message(content, where))
+    return messages
+
+
+def convert_tools(body: CountTokensRequest) -> list[dict]:
+    """OpenAI function tools of ``body``; server tools skipped (one log line)."""
+    tools, skipped = [], []
+    for tool in body.tools or []:
+        if tool.type not in (None, "custom"):
+            skipped.append(f"{tool.name} ({tool.type})")
+            continue
+        function = {"name": tool.name, "parameters": tool.input_schema or {"type": "object"}}
+        if tool.description:
+            function["description"] = tool.description
+        tools.append({"type": "function", "function": function})
+    if skipped:
+        log.info("anthropic: skipping %d tool(s) of server types: %s", len(skipped), ", ".join(skipped))
+    return tools
+
+
+def _tool_choice(body: CountTokensRequest) -> tuple[str, bool]:
+    choice = body.tool_choice
+    if choice is None:
+        return "auto", True
+    parallel = not choice.disable_parallel_tool_use
+    if choice.type == "tool":
+        if not choice.name:
+            raise APIError(400, "tool_choice.name: required when type is 'tool'", "tool_choice.name")
+        return choice.name, parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
+
+
+def template_kwargs(body: CountTokensRequest) -> dict:
+    """``enable_thinking`` from ``thinking`` (enabled/disabled); adaptive keeps the default."""
+    if body.thinking is None or body.thinking.type == "adaptive":
+        return {}
+    return {"enable_thinking": body.thinking.type == "enabled"}
+
+
+def to_chat_request(body: CountTokensRequest, session_key: str | None = None) -> ChatRequest:
+    """The :class:`ChatRequest` of a Messages (or count_tokens) body."""
+    tool_choice, parallel = _tool_choice(body)
+    request = ChatRequest(messages=convert_messages(body), tools=convert_tools(body),
+                          tool_choice=tool_choice, parallel_tool_calls=parallel,
+                          template_kwargs=template_kwargs(body), session_key=session_key)
+    if isinstance(body, MessagesRequest):
+        request.max_tokens = body.max_tokens
+        request.sampling = SamplingParams(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0)
+        request.stop = [s for s in body.stop_sequences or [] if s]
+        request.request_id = request.request_id.replace("req-", "msg_", 1)
+    return request
