@@ -94,7 +94,7 @@ def mount_anthropic_routes(app: FastAPI, state) -> None:
         try:
             body = await parse_body(request, MessagesRequest)
             chat = to_chat_request(body, _session_key(body))
-            run = ChatRun(state, request, chat)
+            run = ChatRun(state, request, chat, tick_s=state.ping_interval_s)
             await run.start()
         except APIError as error:
             return anthropic_error_response(error)

@@ -49,6 +49,7 @@ class ServerState:
     body_timeout_s: float = 30.0
     retry_after_s: int = 1
     slots: Any = None  # redlite.server.slots.SlotService; None: the slot API answers 501
+    ping_interval_s: float = 5.0  # Anthropic streams: a ping after this long without output
 
 
 def _param_of(loc: tuple) -> str | None:

@@ -1,0 +1,120 @@
+"""POST /v1/messages and /v1/messages/count_tokens in process (echo engine), through the official
+``anthropic`` SDK and raw HTTP. The echo engine answers with the last user message."""
+
+import json
+
+import anthropic
+import pytest
+
+from inprocess import EchoApp
+
+
+@pytest.fixture
+def echo():
+    with EchoApp() as app:
+        yield app
+
+
+def sdk(app):
+    return anthropic.Anthropic(base_url=app.url, api_key="dummy", http_client=app.client, max_retries=0)
+
+
+def test_sdk_non_streamed_and_streamed_multi_turn_reuse(echo):
+    client = sdk(echo)
+    history, previous = [], None
+    for turn, text in enumerate(["first question", "second one, longer", "third 🙂"]):
+        history.append({"role": "user", "content": text})
+        if turn % 2:
+            with client.messages.stream(model="m", max_tokens=100, system="sys", messages=history) as stream:
+                for _ in stream:
+                    pass
+                message = stream.get_final_message()
+        else:
+            message = client.messages.create(model="m", max_tokens=100, system="sys", messages=history)
+        assert message.content[0].text == text and message.stop_reason == "end_turn"
+        usage = message.usage
+        total = usage.input_tokens + usage.cache_read_input_tokens
+        if previous is not None:
+            # the held state holds the whole previous prompt and answer
+            assert usage.cache_read_input_tokens >= previous[0] + previous[1] - 1
+            assert usage.cache_read_input_tokens > previous[2]
+        previous = (total, usage.output_tokens, usage.cache_read_input_tokens)
+        history.append({"role": "assistant", "content": [{"type": "text", "text": message.content[0].text}]})
+
+
+def test_max_tokens_and_stop_sequence(echo):
+    client = sdk(echo)
+    cut = client.messages.create(model="m", max_tokens=3, messages=[{"role": "user", "content": "abcdef"}])
+    assert cut.content[0].text == "abc" and cut.stop_reason == "max_tokens" and cut.usage.output_tokens == 3
+    stopped = client.messages.create(model="m", max_tokens=50, stop_sequences=["cd"],
+                                     messages=[{"role": "user", "content": "abcdef"}])
+    assert stopped.content[0].text == "ab"
+
+
+def test_raw_stream_event_order_and_ping_free_text(echo):
+    body = {"model": "m", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hey"}]}
+    with echo.client.stream("POST", "/v1/messages", json=body,
+                            headers={"anthropic-version": "2023-06-01", "anthropic-beta": "made-up-beta-2099"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    frames = [f for f in raw.split("\n\n") if f]
+    names = [f.split("\n")[0].removeprefix("event: ") for f in frames]
+    datas = [json.loads(f.split("\n")[1].removeprefix("data: ")) for f in frames]
+    assert [d["type"] for d in datas] == names
+    assert names[0] == "message_start" and names[1] == "content_block_start"
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    text = "".join(d["delta"]["text"] for d in datas if d["type"] == "content_block_delta")
+    assert text == "hey"
+
+
+def test_count_tokens(echo):
+    client = sdk(echo)
+    messages = [{"role": "user", "content": "hello"}]
+    counted = client.messages.count_tokens(model="m", system="sys", messages=messages)
+    reply = client.messages.create(model="m", max_tokens=5, system="sys", messages=messages)
+    assert counted.input_tokens == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
+    assert echo.engine.prefill_calls == 1  # count_tokens generated nothing
+
+
+@pytest.mark.parametrize("body,status,kind,needle", [
+    ({"messages": [{"role": "user", "content": "x"}]}, 400, "invalid_request_error", "max_tokens"),
+    ({"max_tokens": 5, "messages": []}, 400, "invalid_request_error", "messages"),
+    ({"max_tokens": 5, "temperature": 3, "messages": [{"role": "user", "content": "x"}]}, 400,
+     "invalid_request_error", "temperature"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]},
+     400, "invalid_request_error", "text-only"),
+])
+def test_errors_in_anthropic_shape(echo, body, status, kind, needle):
+    r = echo.client.post("/v1/messages", json={"model": "m", **body})
+    assert r.status_code == status
+    error = r.json()
+    assert error["type"] == "error" and error["error"]["type"] == kind and needle in error["error"]["message"]
+
+
+def test_sdk_raises_typed_errors(echo):
+    with pytest.raises(anthropic.BadRequestError) as info:
+        sdk(echo).messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": [
+            {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}])
+    assert info.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_not_json_and_engine_failure(echo):
+    r = echo.client.post("/v1/messages", content=b"{nope")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = echo.client.post("/v1/messages", json={"model": "m", "max_tokens": 5,
+                                                "messages": [{"role": "user", "content": "FAIL!"}]})
+    assert r.status_code == 500 and r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error"
+    ok = echo.client.post("/v1/messages", json={"model": "m", "max_tokens": 5,
+                                                 "messages": [{"role": "user", "content": "fine"}]})
+    assert ok.status_code == 200 and ok.json()["content"][0]["text"] == "fine"
+
+
+def test_ping_events_while_the_output_is_quiet():
+    with EchoApp(ping_interval_s=0.05, delay_ms=150) as app:
+        body = {"model": "m", "max_tokens": 3, "stream": True, "messages": [{"role": "user", "content": "abc"}]}
+        with app.client.stream("POST", "/v1/messages", json=body) as r:
+            frames = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: ")]
+    kinds = [f["type"] for f in frames]
+    assert kinds.count("ping") >= 2 and kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "".join(f["delta"]["text"] for f in frames if f["type"] == "content_block_delta") == "abc"
