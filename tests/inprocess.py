@@ -30,8 +30,8 @@ class EchoApp:
         self.worker = EngineWorker(Generator(self.engine, ByteTokenizer()))
         self.app = create_app(ServerState(self.worker, ByteTokenizer(), "echo", self.engine.max_context,
                                           ping_interval_s=ping_interval_s))
-        self.client = TestClient(self.app)
-        self.url = "http://testserver"
+        self.client = TestClient(self.app, base_url="http://127.0.0.1")
+        self.url = "http://127.0.0.1"
 
     def close(self) -> None:
         signal.alarm(0)

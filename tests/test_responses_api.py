@@ -87,7 +87,8 @@ def test_stream_failure_is_response_failed(echo):
     with echo.client.stream("POST", "/v1/responses", json=body) as r:
         frames = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: ")]
     assert frames[-1]["type"] == "response.failed"
-    assert frames[-1]["response"]["status"] == "failed" and "injected failure" in frames[-1]["response"]["error"]["message"]
+    assert frames[-1]["response"]["status"] == "failed"
+    assert frames[-1]["response"]["error"]["code"] == "engine_error"
 
 
 @pytest.mark.parametrize("body,param", [
