@@ -234,3 +234,10 @@ def test_block_shapes_and_order():
     assert signature[0]["delta"]["signature"] == thinking_signature("Let me look.")
     json_pieces = [e["delta"]["partial_json"] for e in events if e.get("delta", {}).get("type") == "input_json_delta"]
     assert json_pieces == ['{"path": ', '"src", "depth": 2}', "{}"]
+
+
+def test_mid_conversation_system_message_becomes_a_user_reminder():
+    chat = convert(system="S", messages=[{"role": "user", "content": "hi"},
+                                         {"role": "system", "content": "Agents: a, b"}])
+    assert chat.messages == [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
+                             {"role": "user", "content": "<system-reminder>\nAgents: a, b\n</system-reminder>"}]

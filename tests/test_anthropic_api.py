@@ -118,3 +118,45 @@ def test_ping_events_while_the_output_is_quiet():
     kinds = [f["type"] for f in frames]
     assert kinds.count("ping") >= 2 and kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert "".join(f["delta"]["text"] for f in frames if f["type"] == "content_block_delta") == "abc"
+
+
+def claude_code_body(history, nonce):
+    """A request shaped like Claude Code's: billing block with a fresh nonce, cache_control on
+    the last message only, tools, thinking, metadata.user_id, stream."""
+    messages = json.loads(json.dumps(history))
+    for message in messages:
+        for block in message["content"]:
+            block.pop("cache_control", None)
+    messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return {"model": "m", "max_tokens": 200, "stream": True,
+            "system": [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1; cch={nonce};"},
+                       {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+                       {"type": "text", "text": "Long instructions. " * 20, "cache_control": {"type": "ephemeral"}}],
+            "messages": messages,
+            "tools": [{"name": "Bash", "description": "run", "input_schema": {
+                "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}],
+            "thinking": {"type": "enabled", "budget_tokens": 1000},
+            "metadata": {"user_id": "session-1"}}
+
+
+def test_claude_code_shaped_session_extends_the_held_state_every_turn(echo):
+    client = sdk(echo)
+    history, previous = [], None
+    for turn in range(4):
+        history.append({"role": "user", "content": [
+            {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+            {"type": "text", "text": f"task number {turn}"}]})
+        body = claude_code_body(history, nonce=f"{turn:05x}")
+        with client.messages.stream(**{k: v for k, v in body.items() if k != "stream"}) as stream:
+            for _ in stream:
+                pass
+            message = stream.get_final_message()
+        usage = message.usage
+        total = usage.input_tokens + usage.cache_read_input_tokens
+        if previous is not None:
+            assert usage.cache_read_input_tokens >= previous[0] + previous[1] - 1, (turn, usage, previous)
+        previous = (total, usage.output_tokens)
+        history.append({"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "", "signature": "s"},
+            *[block.model_dump(exclude_none=True) for block in message.content]]})
+    assert echo.engine.prefill_calls == 4

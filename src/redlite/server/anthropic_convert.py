@@ -11,6 +11,10 @@ Mapping (Anthropic Messages API -> the OpenAI-shaped history of :mod:`redlite.co
   ``is_error`` prefixes ``"Error: "``), in block order.
 * assistant ``text`` -> ``content``; ``thinking`` -> ``reasoning_content`` (``redacted_thinking``
   is opaque and dropped); ``tool_use`` -> ``tool_calls`` with ``arguments`` = the input as JSON.
+* a ``system`` message inside ``messages`` (Claude Code's mid-conversation-system beta) -> a
+  ``user`` message ``<system-reminder>\nTEXT\n</system-reminder>`` (Claude Code's own wrapper
+  for such text): chat templates accept a system message only first, and merging it into the
+  system prompt would change the prompt's start, so every held state would be lost.
 * ``image`` / ``document`` blocks -> 400 (redlite serves text models).
 * ``tools`` -> OpenAI function tools; tools with another ``type`` (Anthropic server tools) are
   skipped with one log line per request.
@@ -158,6 +162,14 @@ def convert_messages(body: CountTokensRequest) -> list[dict]:
             content = [Block(type="text", text=content)]
         if message.role == "user":
             messages.extend(_user_messages(content, where))
+        elif message.role == "system":
+            texts = []
+            for j, block in enumerate(content):
+                if block.type != "text":
+                    raise _unsupported(block, f"{where}.content.{j}")
+                texts.append(_text_of(block, f"{where}.content.{j}"))
+            messages.append({"role": "user", "content": "<system-reminder>\n" + "\n\n".join(texts)
+                             + "\n</system-reminder>"})
         else:
             messages.append(_assistant_message(content, where))
     return messages

@@ -36,10 +36,11 @@ class Block(BaseModel):
 
 
 class MessageParam(BaseModel):
-    """A turn of the conversation; ``content`` is a string or a list of blocks."""
+    """A turn of the conversation; ``content`` is a string or a list of blocks. ``system``
+    messages inside the conversation are Claude Code's ``mid-conversation-system`` beta."""
 
     model_config = ConfigDict(extra="allow")
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 
