@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from redlite.server.anthropic_convert import to_chat_request
 from redlite.server.anthropic_events import MessageStream, message_body
 from redlite.server.anthropic_schemas import CountTokensRequest, MessagesRequest
-from redlite.server.chat_bridge import ChatRun, render
+from redlite.server.chat_bridge import ChatRun, count_prompt_tokens
 from redlite.server.errors import APIError
 from redlite.server.wire_common import sse_event
 
@@ -115,7 +115,7 @@ def mount_anthropic_routes(app: FastAPI, state) -> None:
     async def count_tokens(request: Request) -> Any:
         try:
             body = await parse_body(request, CountTokensRequest)
-            rendered = await render(state, to_chat_request(body))
+            tokens = await count_prompt_tokens(state, to_chat_request(body))
         except APIError as error:
             return anthropic_error_response(error)
-        return {"input_tokens": len(rendered.token_ids)}
+        return {"input_tokens": tokens}

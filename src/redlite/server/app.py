@@ -26,9 +26,12 @@ from redlite.core.stop import normalize_stop
 from redlite.core.tokenizer import Tokenizer
 from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams
+from redlite.server.chat_service import ChatService
 from redlite.server.errors import APIError, as_api_error, error_body, error_response
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from redlite.server.openai_chat import chat_request_of, stream_chunks
+from redlite.server.openai_chat import completion_body as chat_completion_body
 from redlite.server.anthropic import mount_anthropic_routes
 from redlite.server.responses import mount_responses_routes
 from redlite.server.slots import mount_slot_routes
@@ -49,6 +52,8 @@ class ServerState:
     body_timeout_s: float = 30.0
     retry_after_s: int = 1
     slots: Any = None  # redlite.server.slots.SlotService; None: the slot API answers 501
+    chat_options: Any = None  # redlite.server.chat_service.ChatOptions (--tool-parser ...)
+    chat: Any = None  # the ChatService every chat adapter calls (made by create_app when None)
     ping_interval_s: float = 5.0  # Anthropic streams: a ping after this long without output
 
 
@@ -67,6 +72,9 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes,
                        timeout_s=state.body_timeout_s)
     tokenizer_lock = threading.Lock()
+    if state.chat is None:
+        state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
+                                 state.chat_options, tokenizer_lock)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -109,22 +117,19 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _parse(request, ChatCompletionRequest)
-        stop = stops_of(body)
-        messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()}
-                    for m in body.messages]
-
-        def render():
-            with tokenizer_lock:
-                return state.tokenizer.render_chat(messages)
+        chat_request = chat_request_of(body, sampling_of(body), stops_of(body),
+                                       f"chatcmpl-{uuid.uuid4().hex[:24]}")
+        stream = await state.chat.start(chat_request, request)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_chunks(stream, state.model_id, include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
         try:
-            rendered = await asyncio.to_thread(render)
-        except Exception as error:  # a template that rejects the conversation
-            raise APIError(400, f"cannot render the conversation: {error}", "messages") from None
-        check_length(rendered.token_ids, "messages")
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        generation = GenerationRequest(rendered.token_ids, max_tokens, sampling_of(body), stop,
-                                       rendered.message_ends, f"chatcmpl-{uuid.uuid4().hex[:24]}")
-        return await _serve(request, body, generation, chat=True)
+            result = await stream.collect(request)
+        finally:
+            stream.cancel()
+        return chat_completion_body(stream, state.model_id, result)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -228,8 +233,8 @@ async def _collect(request: Request, job: Job, events: asyncio.Queue, meta: dict
     try:
         while True:
             event = await events.get()
-            if event.kind == "text":
-                pieces.append(event.value)
+            if event.kind == "output":
+                pieces.append(event.value.value)
             elif event.kind == "done":
                 if event.value.finish_reason == "cancelled":
                     # the client is still here, so the server is stopping: the answer is cut

@@ -22,6 +22,7 @@ from redlite.core.parking import ParkingPool
 from redlite.core.sessions import SessionStore, expected_for
 from redlite.core.worker import EngineWorker
 from redlite.server.app import ServerState, create_app
+from redlite.server.chat_service import ChatOptions
 from redlite.server.slots import SlotService
 from redlite.server.http_protocol import HeaderTimeoutProtocol
 
@@ -131,7 +132,8 @@ def serve(args: argparse.Namespace) -> int:
         slots = SlotService(Path(args.slot_save_path), worker, expected)
     state = ServerState(worker, tokenizer, engine.model_id, engine.max_context,
                         max_body_bytes=int(args.max_body_mib * (1 << 20)),
-                        body_timeout_s=args.body_timeout_s, slots=slots)
+                        body_timeout_s=args.body_timeout_s, slots=slots,
+                        chat_options=ChatOptions(args.tool_parser, args.reasoning_parser))
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port,
                             log_level="warning", timeout_graceful_shutdown=3,
                             http=HeaderTimeoutProtocol)

@@ -19,12 +19,67 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    """``function`` of an assistant tool call: ``arguments`` is JSON text."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(BaseModel):
+    """An assistant message's ``tool_calls`` item."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionTool(BaseModel):
+    """``function`` of a tool: a name, a description and JSON-schema ``parameters``."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    """A ``tools`` item (only ``type: "function"``)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: FunctionTool
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``{"type": "function", "function": {"name": ...}}``: that function must be called."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class Message(BaseModel):
-    """A chat message; ``content`` is a string, a list of text parts, or null (assistant)."""
+    """A chat message; ``content`` is a string, a list of text parts, or null (assistant).
+    Assistant messages may carry ``tool_calls`` and ``reasoning_content`` / ``reasoning``;
+    ``tool`` messages carry ``tool_call_id``."""
 
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -63,6 +118,12 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
