@@ -160,3 +160,62 @@ def test_claude_code_shaped_session_extends_the_held_state_every_turn(echo):
             {"type": "thinking", "thinking": "", "signature": "s"},
             *[block.model_dump(exclude_none=True) for block in message.content]]})
     assert echo.engine.prefill_calls == 4
+
+
+def call_text(name, arguments, thinking=None):
+    """A scripted echo answer: the model 'thinks' (after the prompt's <think>) then calls."""
+    call = "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+    return (f"{thinking}\n</think>\n\n" if thinking is not None else "") + call
+
+
+TOOLS = [{"name": "ls", "description": "list a folder", "input_schema": {
+             "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}},
+         {"name": "cat", "description": "print a file", "input_schema": {
+             "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_sdk_tool_calling_loop_with_thinking(echo, streamed):
+    """Three tool-calling turns: the echo engine repeats the last user or tool message, so each
+    tool result scripts the next answer. Thinking is on: the prompt opens <think>."""
+    client = sdk(echo)
+    script = [call_text("ls", {"path": "."}, thinking="List first."),
+              call_text("cat", {"path": "a.txt"}, thinking="Now read it."),
+              "Read it.\n</think>\n\nThe file says hi."]
+    messages = [{"role": "user", "content": script[0]}]
+    previous = None
+    for turn in range(3):
+        fields = dict(model="m", max_tokens=300, messages=messages, tools=TOOLS,
+                      thinking={"type": "enabled", "budget_tokens": 100})
+        if streamed:
+            with client.messages.stream(**fields) as stream:
+                deltas = [e for e in stream if e.type == "content_block_delta"]
+                message = stream.get_final_message()
+            assert any(d.delta.type == "input_json_delta" for d in deltas) == (turn < 2)
+        else:
+            message = client.messages.create(**fields)
+        kinds = [block.type for block in message.content]
+        assert message.content[0].thinking == ["List first.", "Now read it.", "Read it."][turn]
+        if turn < 2:
+            assert kinds == ["thinking", "tool_use"] and message.stop_reason == "tool_use"
+            call = message.content[1]
+            assert (call.name, call.input) == [("ls", {"path": "."}), ("cat", {"path": "a.txt"})][turn]
+        else:
+            assert kinds == ["thinking", "text"] and message.content[1].text == "The file says hi."
+            assert message.stop_reason == "end_turn"
+        usage = message.usage
+        if previous is not None:
+            assert usage.cache_read_input_tokens >= previous[0] + previous[1] - 1, (turn, usage, previous)
+        previous = (usage.input_tokens + usage.cache_read_input_tokens, usage.output_tokens)
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]})
+        if turn < 2:
+            messages.append({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": message.content[1].id, "content": script[turn + 1]}]})
+
+
+def test_forced_tool_choice(echo):
+    # the server prefills the call's opening up to the arguments; the echo script continues it
+    message = sdk(echo).messages.create(model="m", max_tokens=300, tools=TOOLS,
+                                        tool_choice={"type": "tool", "name": "ls"},
+                                        messages=[{"role": "user", "content": '{"path": "/"}}\n</tool_call>'}])
+    assert [b.type for b in message.content] == ["tool_use"] and message.content[0].input == {"path": "/"}

@@ -109,3 +109,66 @@ def test_delete_stored_response(echo):
     client.responses.delete(response.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
+
+
+def call_text(name, arguments, thinking=None):
+    call = "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+    return (f"{thinking}\n</think>\n\n" if thinking is not None else "") + call
+
+
+TOOLS = [{"type": "function", "name": "shell", "description": "run a command",
+          "parameters": {"type": "object", "properties": {"cmd": {"type": "array", "items": {"type": "string"}}}}},
+         {"type": "web_search"}, {"type": "custom", "name": "apply_patch"}]
+
+
+@pytest.mark.parametrize("mode", ["store_false_replay", "previous_response_id"])
+def test_sdk_tool_calling_loop_codex_style(echo, mode):
+    """Three turns (call, call, text): the echo engine repeats the last user or tool message, so
+    each function_call_output scripts the next answer. Codex replays every item with
+    ``store: false``; other clients chain ``previous_response_id``. Non-function tools are skipped."""
+    client = sdk(echo)
+    script = [call_text("shell", {"cmd": ["ls"]}), call_text("shell", {"cmd": ["cat", "a.txt"]}), "It says hi."]
+    items = [{"role": "user", "content": [{"type": "input_text", "text": script[0]}]}]
+    previous_id, last = None, None
+    for turn in range(3):
+        fields = dict(model="m", tools=TOOLS, instructions="You are Codex.",
+                      include=["reasoning.encrypted_content"])
+        if mode == "store_false_replay":
+            fields.update(input=items, store=False)
+        else:
+            fields.update(input=items[-1:], previous_response_id=previous_id) if previous_id else fields.update(input=items)
+        with client.responses.stream(**fields) as stream:
+            kinds = [e.type for e in stream]
+            response = stream.get_final_response()
+        if turn < 2:
+            calls = [item for item in response.output if item.type == "function_call"]
+            assert len(calls) == 1 and calls[0].name == "shell"
+            assert json.loads(calls[0].arguments) == [{"cmd": ["ls"]}, {"cmd": ["cat", "a.txt"]}][turn]
+            assert "response.function_call_arguments.delta" in kinds
+            items += [item.model_dump(exclude_none=True) for item in response.output]
+            items.append({"type": "function_call_output", "call_id": calls[0].call_id, "output": script[turn + 1]})
+        else:
+            assert response.output_text == "It says hi."
+        usage = response.usage
+        if last is not None:
+            assert usage.input_tokens_details.cached_tokens >= last.input_tokens + last.output_tokens - 1, (turn, usage)
+        last, previous_id = usage, response.id
+
+
+def test_reasoning_round_trips_through_encrypted_content(echo):
+    """A scripted answer with <think>...</think> comes back as a reasoning item (text and our
+    encrypted_content); replaying it with store: false renders the same history again."""
+    client = sdk(echo)
+    text = "<think>\nweighing options\n</think>\n\nanswer"
+    response = client.responses.create(model="m", input=text, store=False, include=["reasoning.encrypted_content"])
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"] and response.output_text == "answer"
+    reasoning = response.output[0]
+    assert reasoning.content[0].text == "weighing options" and reasoning.encrypted_content.startswith("rlr1.")
+    replay = [{"role": "user", "content": text},
+              {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content},
+              response.output[1].model_dump(exclude_none=True),
+              {"role": "user", "content": "next"}]
+    second = client.responses.create(model="m", input=replay, store=False)
+    assert second.output_text == "next"
+    assert second.usage.input_tokens_details.cached_tokens >= response.usage.input_tokens + response.usage.output_tokens - 1
