@@ -6,7 +6,7 @@ import json
 import anthropic
 import pytest
 
-from inprocess import EchoApp
+from sdk_app import EchoApp
 
 
 @pytest.fixture

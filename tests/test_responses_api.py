@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from inprocess import EchoApp
+from sdk_app import EchoApp
 
 
 @pytest.fixture
