@@ -1,5 +1,5 @@
-"""The ASGI app with the echo engine, in process, behind a TestClient (an httpx.Client that the
-official SDKs accept as ``http_client``). Requests time out after ``timeout_s``."""
+"""The in-process echo app (:func:`inprocess.inprocess_app`) behind a TestClient, an
+httpx.Client that the official sync SDKs accept as ``http_client``."""
 
 from __future__ import annotations
 
@@ -7,11 +7,8 @@ import signal
 
 from fastapi.testclient import TestClient
 
-from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.generation import Generator
-from redlite.core.worker import EngineWorker
+from inprocess import inprocess_app
 from redlite.engine.echo import EchoEngine
-from redlite.server.app import ServerState, create_app
 
 
 def _timed_out(*_) -> None:
@@ -19,7 +16,7 @@ def _timed_out(*_) -> None:
 
 
 class EchoApp:
-    """``client``: the TestClient; ``engine``: the EchoEngine (counters); ``app``: the app.
+    """``client``: the TestClient; ``engine``: the EchoEngine (counters); ``app``, ``state``.
     While it is open, SIGALRM fails the test after ``timeout_s`` seconds (the TestClient
     transport ignores request timeouts)."""
 
@@ -27,16 +24,16 @@ class EchoApp:
         signal.signal(signal.SIGALRM, _timed_out)
         signal.alarm(int(timeout_s))
         self.engine = EchoEngine(**engine_args)
-        self.worker = EngineWorker(Generator(self.engine, ByteTokenizer()))
-        self.app = create_app(ServerState(self.worker, ByteTokenizer(), "echo", self.engine.max_context,
-                                          ping_interval_s=ping_interval_s))
+        self._context = inprocess_app(self.engine)
+        self.app, self.state = self._context.__enter__()
+        self.state.ping_interval_s = ping_interval_s
         self.client = TestClient(self.app, base_url="http://127.0.0.1")
         self.url = "http://127.0.0.1"
 
     def close(self) -> None:
         signal.alarm(0)
         self.client.close()
-        self.worker.shutdown()
+        self._context.__exit__(None, None, None)
 
     def __enter__(self) -> "EchoApp":
         return self
