@@ -49,6 +49,7 @@ def test_max_tokens_and_stop_sequence(echo):
     stopped = client.messages.create(model="m", max_tokens=50, stop_sequences=["cd"],
                                      messages=[{"role": "user", "content": "abcdef"}])
     assert stopped.content[0].text == "ab"
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "cd")
 
 
 def test_raw_stream_event_order_and_ping_free_text(echo):

@@ -4,8 +4,8 @@ An adapter (issue 14): the body is converted into a :class:`~redlite.core.chat.C
 (:mod:`redlite.server.anthropic_convert`), run by the chat service like a chat completion, and
 its output rendered as a Messages object or Anthropic's event stream
 (:mod:`redlite.server.anthropic_events`). Headers: ``x-api-key`` and ``anthropic-version`` are
-accepted; ``anthropic-beta`` values are ignored, never rejected. ``metadata.user_id`` is the
-session key. Errors use Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``
+accepted; ``anthropic-beta`` values are ignored, never rejected. The session key is Claude
+Code's ``x-claude-code-session-id`` header, else ``metadata.user_id``. Errors use Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``
 with the matching HTTP status, also inside a stream (an ``error`` event).
 """
 
@@ -61,7 +61,11 @@ async def parse_body(request: Request, model: type[BaseModel]) -> Any:
                        where or None) from None
 
 
-def _session_key(body: MessagesRequest) -> str | None:
+def _session_key(request: Request, body: MessagesRequest) -> str | None:
+    """Claude Code's ``x-claude-code-session-id`` header, else ``metadata.user_id``."""
+    header = request.headers.get("x-claude-code-session-id")
+    if header:
+        return header
     user = (body.metadata or {}).get("user_id")
     return user if isinstance(user, str) and user else None
 
@@ -93,7 +97,7 @@ def mount_anthropic_routes(app: FastAPI, state) -> None:
     async def messages(request: Request) -> Any:
         try:
             body = await parse_body(request, MessagesRequest)
-            chat = to_chat_request(body, _session_key(body))
+            chat = to_chat_request(body, _session_key(request, body))
             run = ChatRun(state, request, chat, tick_s=state.ping_interval_s)
             await run.start()
         except APIError as error:
