@@ -218,3 +218,23 @@ def test_forced_opening_prefix_is_parsed_as_generated():
     opts = ParseOptions(tool_format="hermes", prefix='<tool_call>\n{"name": "f", "arguments": ')
     out = check('{"x": 1}}\n</tool_call>', opts)
     assert calls(out) == [("f", {"x": 1})]
+
+
+def test_one_call_when_parallel_calls_are_off():
+    opts = ParseOptions(tool_format="hermes", max_calls=1)
+    text = ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>')
+    for sizes in ([len(text)], [1] * len(text)):
+        counter = itertools.count()
+        scanner = OutputScanner([], opts, lambda: f"call_{next(counter)}")
+        events, position, stopped = [], 0, False
+        for size in sizes:
+            new, stopped = scanner.push(text[position:position + size])
+            events += new
+            position += size
+            if stopped:
+                break
+        assert stopped
+        _, out = scanner.finish("stop")
+        assert calls(out) == [("a", {})] and out.finish_reason == "tool_calls"
+        assert all(e.value.index == 0 for e in events if e.kind == "tool_call")

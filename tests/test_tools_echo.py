@@ -169,3 +169,30 @@ def test_openai_agents_sdk_function_tool_loop(app, streamed):
 
     assert run(main()) == "Sunny in Paris."
     assert seen == ["Paris"]
+
+
+def test_reasoning_dropped_by_the_client_rewinds_and_says_why(app, caplog):
+    async def main():
+        http = async_client(app)
+        call = echo_call("get_weather", {"city": "Paris"})
+        first = [{"role": "user", "content": "I need the weather.\n</think>\n\n" + call}]
+        fields = {"tools": [WEATHER], "chat_template_kwargs": {"enable_thinking": True}}
+        r = (await http.post("/v1/chat/completions", json={"messages": first, **fields})).json()
+        message = r["choices"][0]["message"]
+        assert message["reasoning_content"] == "I need the weather."
+        held = r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
+        tool = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "sunny"}
+        kept = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls", "reasoning_content")}
+        dropped = {k: v for k, v in kept.items() if k != "reasoning_content"}
+        caplog.clear()
+        with caplog.at_level("INFO", logger="redlite.generation"):
+            r = (await http.post("/v1/chat/completions", json={"messages": first + [dropped, tool], **fields})).json()
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] < held
+        line = next(m for m in caplog.messages if "cache miss" in m)
+        assert "inside the previous answer" in line and "I need" in line
+        # the same turn sent back with its reasoning re-renders identically: a plain extension
+        r = (await http.post("/v1/chat/completions", json={"messages": first, **fields})).json()
+        held = r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
+        r = (await http.post("/v1/chat/completions", json={"messages": first + [kept, tool], **fields})).json()
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == held
+    run(main())

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, prefill_split_points
-from redlite.core.reuse import Action, ReusePlan, plan_reuse
+from redlite.core.divergence import describe_divergence
+from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
 from redlite.core.chat import ChatOutput, OutputEvent
 from redlite.core.output_scanner import OutputScanner, ParseOptions
 from redlite.core.tokenizer import Tokenizer
@@ -99,6 +100,8 @@ class Generator:
         # Candidate selection among the live and parked conversations (redlite.core.conversations
         # .Conversations); None: the live state is the only candidate.
         self.parking = None
+        # where the last generated answer starts in held_ids (for the cache-miss explanation)
+        self._answer_start: int | None = None
 
     # --- planning and executing --------------------------------------------------------------
 
@@ -170,6 +173,9 @@ class Generator:
             self.parking.select(self, prompt, request.request_id)
         plan = self.plan(prompt)
         if (line := plan.miss_line()) is not None:
+            if plan.reason is MissReason.TOKEN_MISMATCH:
+                line += " " + describe_divergence(self.tokenizer, self.held_ids, prompt, plan.common,
+                                                  self._answer_start)
             log.info("%s %s", request.request_id, line)
         self.failed = True  # until the state is consistent again
         logits = self._execute(plan, request)
@@ -178,6 +184,8 @@ class Generator:
         log.info("%s prefill %d tok (%d cached) ttft %.1f ms", request.request_id,
                  plan.prefill, plan.keep, ttft_ms)
 
+        # the answer's region starts where the template's generation prompt does
+        self._answer_start = request.message_ends[-1] if request.message_ends else len(prompt)
         sampler = self.engine.make_sampler(request.sampling)
         decoder = self.tokenizer.incremental_decoder()
         scanner = OutputScanner(request.stop, request.parse)

@@ -54,6 +54,8 @@ class ParseOptions:
     schemas: tool name -> JSON schema of its parameters (types of qwen3_coder values).
     prefix: text already put in the prompt by the server (a forced call's opening markup); it is
         parsed as if generated, so its events (the call start) are emitted first.
+    max_calls: most calls in one answer (1 for ``parallel_tool_calls: false``); the generation
+        stops when that many calls are complete, None: no limit.
     """
 
     tool_format: str | None = None
@@ -61,6 +63,7 @@ class ParseOptions:
     start_in_reasoning: bool = False
     schemas: dict[str, dict] = field(default_factory=dict)
     prefix: str = ""
+    max_calls: int | None = None
 
 
 class OutputScanner:
@@ -80,14 +83,20 @@ class OutputScanner:
         self._calls: list = []
         self.output = ChatOutput()
         self._finished = False
+        self._complete_calls = 0
         self._initial: list[OutputEvent] = []
         if self.options.prefix:
             self._lex(self.options.prefix, self._initial)
 
     @property
     def stopped(self) -> bool:
-        """True once a stop sequence matched: generation must end."""
-        return self._stop.stopped
+        """True once a stop sequence matched or the last allowed call ended: generation must end."""
+        return self._stop.stopped or self._call_limit_hit
+
+    @property
+    def _call_limit_hit(self) -> bool:
+        limit = self.options.max_calls
+        return limit is not None and self._complete_calls >= limit
 
     # --- markers ------------------------------------------------------------------------------
 
@@ -137,7 +146,7 @@ class OutputScanner:
                 if rest is None:
                     return
                 self._end_call()
-                self._pending = rest
+                self._pending = "" if self._call_limit_hit else rest
                 continue
             buf = self._pending
             if (self.options.tool_format == "llama3_json" and self._mode == "content"
@@ -203,6 +212,8 @@ class OutputScanner:
         if call.started and not call.complete:
             log.warning("tool call %r is malformed; dropped", call.name)
             self._drop(call.index)
+        elif call.started:
+            self._complete_calls += 1
 
     def _drop(self, index: int) -> None:
         if index < len(self.output.tool_calls):
@@ -214,11 +225,11 @@ class OutputScanner:
         """Take the next decoded piece; return the events now certain and whether a stop
         sequence matched (generation must end; call :meth:`finish` next)."""
         events, self._initial = self._initial, []
-        if self._finished or self._stop.stopped:
+        if self._finished or self.stopped:
             return events, True
         clean, stopped = self._stop.push(text)
-        self._lex(clean, events)
-        return events, stopped
+        self._lex(clean, events)  # text after the last allowed call is dropped there
+        return events, stopped or self._call_limit_hit
 
     def finish(self, reason: str) -> tuple[list[OutputEvent], ChatOutput]:
         """End the output. reason: ``stop`` (end of turn or stop sequence), ``length`` or
@@ -228,7 +239,7 @@ class OutputScanner:
         if self._finished:
             return events, self.output
         self._finished = True
-        if not self._stop.stopped:
+        if not self.stopped:
             self._lex(self._stop.flush(), events)
         if self._stop.stopped:
             reason = "stop"

@@ -178,7 +178,8 @@ class ChatService:
         parse = ParseOptions(
             tool_format=fmt, reasoning=self.reasoning_format,
             start_in_reasoning=bool(self.reasoning_format) and rendered.text.rstrip().endswith("<think>"),
-            schemas=tool_schemas(request.tools), prefix=prefix)
+            schemas=tool_schemas(request.tools), prefix=prefix,
+            max_calls=None if request.parallel_tool_calls else 1)
         if not ids:
             raise APIError(400, "the prompt is empty", "messages")
         if len(ids) > self.max_context:
