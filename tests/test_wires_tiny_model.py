@@ -1,16 +1,19 @@
 """The Anthropic Messages and Responses surfaces on a tiny random Llama model, in process, through
 the official SDKs: multi-turn conversations with tool calls and tool results in the history
-(rendered by a ChatML template with tools of our own), streamed and not, the reused prefix
+(rendered by the Qwen3-style test template with tools and <think>, tests/templates), streamed and not, the reused prefix
 growing every turn.
 
 The model has random weights and borrows the bundled SmolLM2 tokenizer, so its answers are
 arbitrary token streams; re-tokenizing such an answer may not give back the generated ids, and
 the generation prompt's final newline may merge with the answer's first characters into one
-token. So each turn must reuse the whole previous prompt but at most its last token.
+token. So each turn must reuse the whole previous prompt but at most its last token. Sampling
+is at the default temperature 1: greedy decoding of this model repeats a newline, which the
+reasoning parser strips to nothing.
 """
 
 import json
 import shutil
+from pathlib import Path
 
 import anthropic
 import openai
@@ -20,35 +23,7 @@ from sdk_app import _timed_out  # noqa: F401  (SIGALRM handler, see below)
 
 pytestmark = pytest.mark.model
 
-TEMPLATE = r"""{%- if tools -%}
-<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-
-{% endif %}# Tools
-<tools>{% for tool in tools %}
-{{ tool | tojson }}{% endfor %}
-</tools><|im_end|>
-{% elif messages[0].role == 'system' -%}
-<|im_start|>system
-{{ messages[0].content }}<|im_end|>
-{% endif -%}
-{%- for m in messages -%}
-{%- if m.role == 'system' -%}{%- if not loop.first -%}{{ raise_exception('system must be first') }}{%- endif -%}
-{%- elif m.role == 'user' -%}<|im_start|>user
-{{ m.content }}<|im_end|>
-{% elif m.role == 'assistant' -%}<|im_start|>assistant
-{{ m.content or '' }}{% for call in m.tool_calls or [] %}
-<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif m.role == 'tool' -%}<|im_start|>user
-<tool_response>
-{{ m.content }}
-</tool_response><|im_end|>
-{% endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif -%}"""
+TEMPLATE = (Path(__file__).parent / "templates" / "qwen3_tools.jinja").read_text()
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json")
@@ -103,8 +78,8 @@ def test_anthropic_sdk_tool_conversation(tiny_app):
     messages = [{"role": "user", "content": "List the files."}]
     previous_prompt = None
     for turn in range(3):
-        fields = dict(model="tiny", max_tokens=8, extra_body={"temperature": 0}, system="You are a tiny model.",
-                      tools=tools, messages=messages)
+        fields = dict(model="tiny", max_tokens=8, system="You are a tiny model.",
+                      tools=tools, messages=messages, thinking={"type": "enabled", "budget_tokens": 100})
         if turn == 1:
             with client.messages.stream(**fields) as stream:
                 for _ in stream:
@@ -117,10 +92,11 @@ def test_anthropic_sdk_tool_conversation(tiny_app):
         if previous_prompt is not None:
             assert usage.cache_read_input_tokens >= previous_prompt - 1, (turn, usage)
         previous_prompt = usage.input_tokens + usage.cache_read_input_tokens
-        text = "".join(b.text for b in message.content if b.type == "text")
-        # the client scripts a call of its own after the model's text, then returns a result
+        # the template opened <think>: the random model's tokens are reasoning
+        assert message.content[0].type == "thinking", message
+        # the client scripts a call of its own after the model's answer, then returns a result
         messages.append({"role": "assistant", "content": [
-            {"type": "text", "text": text},
+            *[b.model_dump(exclude_none=True) for b in message.content if b.type != "tool_use"],
             {"type": "tool_use", "id": f"toolu_{turn}", "name": "ls", "input": {"path": f"dir{turn}"}}]})
         messages.append({"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": f"toolu_{turn}", "content": f"a{turn}.txt"}]})
@@ -133,8 +109,8 @@ def test_responses_sdk_tool_conversation(tiny_app):
     items = [{"role": "user", "content": "List the files."}]
     previous_prompt = None
     for turn in range(3):
-        fields = dict(model="tiny", max_output_tokens=8, temperature=0, instructions="You are a tiny model.",
-                      tools=tools, input=items, store=False)
+        fields = dict(model="tiny", max_output_tokens=8, instructions="You are a tiny model.",
+                      tools=tools, input=items, store=False, include=["reasoning.encrypted_content"])
         if turn == 1:
             # cut by max_output_tokens, the stream ends with response.incomplete, which the SDK's
             # stream helper does not accumulate (as against OpenAI): read the raw events
@@ -148,7 +124,8 @@ def test_responses_sdk_tool_conversation(tiny_app):
         if previous_prompt is not None:
             assert usage.input_tokens_details.cached_tokens >= previous_prompt - 1, (turn, usage)
         previous_prompt = usage.input_tokens
-        items += [item.model_dump(exclude_none=True) for item in response.output if item.type == "message"]
+        assert [item.type for item in response.output][:1] == ["reasoning"]
+        items += [item.model_dump(exclude_none=True) for item in response.output if item.type != "function_call"]
         items += [{"type": "function_call", "call_id": f"call_{turn}", "name": "ls",
                    "arguments": json.dumps({"path": f"dir{turn}"})},
                   {"type": "function_call_output", "call_id": f"call_{turn}", "output": f"a{turn}.txt"}]
