@@ -9,7 +9,7 @@ import itertools
 import json
 import random
 
-import pytest
+
 
 from redlite.core.output_scanner import OutputScanner, ParseOptions
 

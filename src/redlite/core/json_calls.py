@@ -154,7 +154,6 @@ class JsonCallParser:
 
     def feed(self, text: str) -> tuple[list[OutputEvent], str | None]:
         events: list[OutputEvent] = []
-        start = len(self.raw)
         self.raw += text
         self._lex(events)
         if self.malformed:

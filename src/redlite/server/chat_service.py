@@ -128,6 +128,15 @@ async def watch_disconnect(http_request: Any, stream: ChatStream | Job) -> None:
             return
 
 
+def render_error(request_id: str, error: Exception) -> APIError:
+    """400 for a conversation the chat template refuses: the template's own message (jinja2's
+    ``raise_exception``) is meant for the client; anything else only goes to the log."""
+    if type(error).__module__.split(".")[0] == "jinja2":
+        return APIError(400, f"cannot render the conversation: {error}", "messages")
+    log.warning("%s cannot render the conversation: %s: %s", request_id, type(error).__name__, error)
+    return APIError(400, "cannot render the conversation", "messages")
+
+
 class ChatService:
     """Renders, submits and relays chat requests (see module docstring)."""
 
@@ -167,7 +176,7 @@ class ChatService:
             try:
                 rendered = render_request(self.tokenizer, request)
             except Exception as error:  # a template that rejects the conversation
-                raise APIError(400, f"cannot render the conversation: {error}", "messages") from None
+                raise render_error(request.request_id, error) from None
             parse_tools = bool(request.tools) and request.tool_choice != "none"
             fmt = self.tool_format if parse_tools else None
             prefix = forced_opening(self.tool_format, request.tool_choice, request.tools) if fmt else ""

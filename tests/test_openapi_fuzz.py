@@ -1,0 +1,39 @@
+"""Schemathesis against the echo engine's ASGI app, in process: positive and negative data from
+/openapi.json, every check (no 5xx, statuses / content types / bodies as documented, valid data
+accepted, invalid data rejected, 405s with Allow...), bounded examples (about 20 s here)."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import schemathesis
+from hypothesis import settings
+from schemathesis.config import SchemathesisConfig
+
+from echo_app import echo_state
+from redlite.server.app import create_app
+
+MAX_EXAMPLES = 60
+
+_config = SchemathesisConfig.from_dict({
+    "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "deterministic": True,
+                   "database": "none"},
+    "checks": {"enabled": True},
+})
+_slot_dir = Path(tempfile.mkdtemp(prefix="redlite-fuzz-"))
+_state = echo_state(slot_dir=_slot_dir / "slots")
+schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(_state), config=_config)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cleanup():
+    yield
+    _state.worker.shutdown(wait_s=2.0)
+    shutil.rmtree(_slot_dir, ignore_errors=True)
+
+
+@schema.parametrize()
+@settings(deadline=None)
+def test_openapi_conformance(case):
+    case.call_and_validate(headers={"host": "127.0.0.1"})
