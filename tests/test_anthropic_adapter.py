@@ -4,13 +4,13 @@ import json
 import logging
 
 import pytest
+from pydantic import ValidationError
 
 from redlite.core.chat import ChatOutput, OutputEvent, ToolCall, ToolCallDelta
-from redlite.server.anthropic import anthropic_error_body
 from redlite.server.anthropic_convert import to_chat_request
 from redlite.server.anthropic_events import MessageStream, message_body, thinking_signature
 from redlite.server.anthropic_schemas import CountTokensRequest, MessagesRequest
-from redlite.server.errors import APIError
+from redlite.server.errors import error_body
 from redlite.server.wire_common import Usage
 
 
@@ -106,20 +106,28 @@ def test_cache_control_does_not_change_the_history():
     assert plain.messages == marked.messages
 
 
-@pytest.mark.parametrize("block,param", [
-    ({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
-     "messages.0.content.0"),
-    ({"type": "document", "source": {}}, "messages.0.content.0"),
-    ({"type": "server_tool_use", "id": "x"}, "messages.0.content.0"),
-    ({"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]},
-     "messages.0.content.0.content.0"),
+@pytest.mark.parametrize("role,block", [
+    ("user", {"type": "tool_use", "id": "t", "name": "f", "input": {}}),
+    ("assistant", {"type": "tool_result", "tool_use_id": "t", "content": "x"}),
+    ("user", {"type": "server_tool_use", "id": "x"}),
+    ("assistant", {"type": "tool_use", "name": "f", "input": {}}),
+    ("user", {"type": "text", "text": 5}),
 ])
-def test_unsupported_blocks_are_a_400_naming_the_block(block, param):
-    with pytest.raises(APIError) as info:
-        convert(messages=[{"role": "user", "content": [block]}])
-    assert info.value.status == 400 and info.value.param == param
-    if block["type"] == "image":
-        assert "text-only" in info.value.message
+def test_blocks_a_role_cannot_hold_are_refused(role, block):
+    with pytest.raises(ValidationError):
+        MessagesRequest.model_validate({"max_tokens": 5, "messages": [{"role": role, "content": [block]}]})
+
+
+@pytest.mark.parametrize("block", [
+    {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
+    {"type": "document", "source": {}},
+    {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]},
+])
+def test_media_blocks_are_refused_as_unsupported_content(block):
+    with pytest.raises(ValidationError) as info:
+        MessagesRequest.model_validate({"max_tokens": 5, "messages": [{"role": "user", "content": [block]}]})
+    unsupported = [e for e in info.value.errors() if e["type"] == "unsupported_content"]
+    assert unsupported and "text-only" in unsupported[0]["msg"]
 
 
 def test_count_tokens_body_needs_no_max_tokens():
@@ -131,7 +139,7 @@ def test_count_tokens_body_needs_no_max_tokens():
                                          (413, "request_too_large"), (500, "api_error"),
                                          (503, "overloaded_error")])
 def test_error_shape(status, kind):
-    assert anthropic_error_body(status, "m") == {"type": "error", "error": {"type": kind, "message": "m"}}
+    assert error_body(status, "m", surface="anthropic") == {"type": "error", "error": {"type": kind, "message": "m"}}
 
 
 # --- events ------------------------------------------------------------------------------------

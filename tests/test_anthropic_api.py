@@ -101,8 +101,12 @@ def test_sdk_raises_typed_errors(echo):
 
 
 def test_not_json_and_engine_failure(echo):
-    r = echo.client.post("/v1/messages", content=b"{nope")
+    r = echo.client.post("/v1/messages", content=b"{nope", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = echo.client.post("/v1/messages", content=b"{}", headers={"content-type": "text/plain"})
+    assert r.status_code == 415 and r.json()["type"] == "error"
+    r = echo.client.post("/v1/messages/nope", json={})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = echo.client.post("/v1/messages", json={"model": "m", "max_tokens": 5,
                                                 "messages": [{"role": "user", "content": "FAIL!"}]})
     assert r.status_code == 500 and r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error"

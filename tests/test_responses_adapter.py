@@ -4,6 +4,7 @@ import json
 import logging
 
 import pytest
+from pydantic import ValidationError
 
 from redlite.core.chat import ChatOutput, OutputEvent, ToolCall, ToolCallDelta
 from redlite.server.errors import APIError
@@ -78,20 +79,37 @@ def test_history_of_a_previous_response_goes_after_instructions():
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
-    ({"input": [{"role": "robot", "content": "x"}]}, "input.0.role"),
-    ({"input": [{"type": "function_call", "name": "f"}]}, "input.0"),
     ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema"),
-    ({"input": []}, "input"),
+    ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format"),
 ])
-def test_bad_input_is_a_400_naming_the_field(fields, param):
+def test_bad_choices_are_a_400_naming_the_field(fields, param):
     with pytest.raises(APIError) as info:
         convert(**fields)
     assert info.value.status == 400 and info.value.param == param
 
 
-def test_text_format_and_named_tool_choice():
+@pytest.mark.parametrize("item", [
+    {"role": "robot", "content": "x"},
+    {"type": "function_call", "name": "f", "arguments": "{}"},
+    {"type": "message", "role": "user"},
+    {"type": "function_call_output", "call_id": "c", "output": 5},
+])
+def test_malformed_items_are_refused(item):
+    with pytest.raises(ValidationError):
+        ResponsesRequest.model_validate({"input": [item]})
+
+
+def test_media_parts_are_refused_as_unsupported_content():
+    with pytest.raises(ValidationError) as info:
+        ResponsesRequest.model_validate({"input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": "data:x"}]}]})
+    assert any(e["type"] == "unsupported_content" for e in info.value.errors())
+
+
+def test_text_format_and_named_tool_choice(monkeypatch):
+    import redlite.server.schemas as schemas
+    monkeypatch.delitem(schemas.UNSUPPORTED_FIELDS, "response_format")  # as once it lands
     chat = convert(input="x", tool_choice={"type": "function", "name": "f"},
                    text={"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}, "strict": True}})
     assert chat.tool_choice == "f"

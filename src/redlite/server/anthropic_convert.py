@@ -15,7 +15,7 @@ Mapping (Anthropic Messages API -> the OpenAI-shaped history of :mod:`redlite.co
   ``user`` message ``<system-reminder>\nTEXT\n</system-reminder>`` (Claude Code's own wrapper
   for such text): chat templates accept a system message only first, and merging it into the
   system prompt would change the prompt's start, so every held state would be lost.
-* ``image`` / ``document`` blocks -> 400 (redlite serves text models).
+* ``image`` / ``document`` blocks are refused by the request model (400).
 * ``tools`` -> OpenAI function tools; tools with another ``type`` (Anthropic server tools) are
   skipped with one log line per request.
 * ``tool_choice``: auto -> auto, any -> required, tool -> the name, none -> none;
@@ -34,7 +34,7 @@ import logging
 
 from redlite.core.chat import ChatRequest
 from redlite.engine.base import SamplingParams
-from redlite.server.anthropic_schemas import Block, CountTokensRequest, MessagesRequest
+from redlite.server.anthropic_schemas import CountTokensRequest, MessagesRequest, TextBlock
 from redlite.server.errors import APIError
 
 log = logging.getLogger("redlite.server.anthropic")
@@ -49,31 +49,18 @@ def _log_once(key: str, message: str, *args: object) -> None:
         log.info(message, *args)
 
 
-def _unsupported(block: Block, where: str) -> APIError:
-    if block.type in ("image", "document"):
-        return APIError(400, f"{where}: {block.type} content is not supported: redlite serves "
-                        "text-only models", where)
+def _unsupported(block, where: str) -> APIError:
     return APIError(400, f"{where}: unsupported content block type {block.type!r}", where)
 
 
-def _text_of(block: Block, where: str) -> str:
-    if block.text is None:
-        raise APIError(400, f"{where}: a text block needs 'text'", where)
-    return block.text
-
-
-def system_text(system: str | list[Block] | None) -> str | None:
+def system_text(system: str | list[TextBlock] | None) -> str | None:
     """The system prompt without Claude Code's billing-header block; None when empty."""
     if system is None:
         return None
     if isinstance(system, str):
         blocks = [system]
     else:
-        blocks = []
-        for i, block in enumerate(system):
-            if block.type != "text":
-                raise _unsupported(block, f"system.{i}")
-            blocks.append(_text_of(block, f"system.{i}"))
+        blocks = [block.text for block in system]
     kept = [text for text in blocks if not text.lstrip().startswith(BILLING_PREFIX)]
     if len(kept) != len(blocks):
         _log_once("billing", "anthropic: dropping the %r system block (a per-request nonce that "
@@ -82,23 +69,18 @@ def system_text(system: str | list[Block] | None) -> str | None:
     return text or None
 
 
-def _tool_result_text(block: Block, where: str) -> str:
+def _tool_result_text(block) -> str:
     content = block.content
     if content is None:
         text = ""
     elif isinstance(content, str):
         text = content
     else:
-        parts = []
-        for j, part in enumerate(content):
-            if part.type != "text":
-                raise _unsupported(part, f"{where}.content.{j}")
-            parts.append(_text_of(part, f"{where}.content.{j}"))
-        text = "\n\n".join(parts)
+        text = "\n\n".join(part.text for part in content)
     return f"Error: {text}" if block.is_error else text
 
 
-def _user_messages(content: list[Block], where: str) -> list[dict]:
+def _user_messages(content: list, where: str) -> list[dict]:
     out: list[dict] = []
     texts: list[str] = []
 
@@ -110,35 +92,30 @@ def _user_messages(content: list[Block], where: str) -> list[dict]:
     for j, block in enumerate(content):
         at = f"{where}.content.{j}"
         if block.type == "text":
-            texts.append(_text_of(block, at))
+            texts.append(block.text)
         elif block.type == "tool_result":
             flush()
-            if not block.tool_use_id:
-                raise APIError(400, f"{at}: tool_result needs 'tool_use_id'", at)
             out.append({"role": "tool", "tool_call_id": block.tool_use_id,
-                        "content": _tool_result_text(block, at)})
+                        "content": _tool_result_text(block)})
         else:
             raise _unsupported(block, at)
     flush()
     return out
 
 
-def _assistant_message(content: list[Block], where: str) -> dict:
+def _assistant_message(content: list, where: str) -> dict:
     texts, reasoning, calls = [], [], []
     for j, block in enumerate(content):
         at = f"{where}.content.{j}"
         if block.type == "text":
-            texts.append(_text_of(block, at))
+            texts.append(block.text)
         elif block.type == "thinking":
-            reasoning.append(block.thinking or "")
+            reasoning.append(block.thinking)
         elif block.type == "redacted_thinking":
             continue
         elif block.type == "tool_use":
-            if not block.id or not block.name:
-                raise APIError(400, f"{at}: tool_use needs 'id' and 'name'", at)
-            arguments = block.input if block.input is not None else {}
             calls.append({"id": block.id, "type": "function", "function": {
-                "name": block.name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+                "name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
         else:
             raise _unsupported(block, at)
     message: dict = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
@@ -159,15 +136,11 @@ def convert_messages(body: CountTokensRequest) -> list[dict]:
         where = f"messages.{i}"
         content = message.content
         if isinstance(content, str):
-            content = [Block(type="text", text=content)]
+            content = [TextBlock(type="text", text=content)]
         if message.role == "user":
             messages.extend(_user_messages(content, where))
         elif message.role == "system":
-            texts = []
-            for j, block in enumerate(content):
-                if block.type != "text":
-                    raise _unsupported(block, f"{where}.content.{j}")
-                texts.append(_text_of(block, f"{where}.content.{j}"))
+            texts = [block.text for block in content]
             messages.append({"role": "user", "content": "<system-reminder>\n" + "\n\n".join(texts)
                              + "\n</system-reminder>"})
         else:
@@ -197,8 +170,6 @@ def _tool_choice(body: CountTokensRequest) -> tuple[str, bool]:
         return "auto", True
     parallel = not choice.disable_parallel_tool_use
     if choice.type == "tool":
-        if not choice.name:
-            raise APIError(400, "tool_choice.name: required when type is 'tool'", "tool_choice.name")
         return choice.name, parallel
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
 

@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from redlite.core.chat import ChatOutput, ChatRequest
+from redlite.server.access import context_of
 from redlite.server.anthropic import parse_body
 from redlite.server.chat_bridge import ChatRun
 from redlite.server.errors import APIError
@@ -54,7 +55,8 @@ def _meta(body: ResponsesRequest, chat: ChatRequest, model: str) -> dict:
             "store": body.store, "temperature": body.temperature, "top_p": body.top_p,
             "text": {"format": (body.text.format if body.text and body.text.format
                                 else {"type": "text"})},
-            "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
+            "tool_choice": body.tool_choice or "auto",
+            "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "truncation": "disabled", "metadata": body.metadata or {}}
 
 
@@ -103,6 +105,8 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
                                "previous_response_not_found")
             history = stored.messages
         chat = to_chat_request(body, history)
+        context = context_of(request.scope)
+        chat.request_id = f"resp_{context.hex}"
         encrypted = "reasoning.encrypted_content" in (body.include or [])
         meta = _meta(body, chat, state.model_id)
         run = ChatRun(state, request, chat)

@@ -10,7 +10,7 @@ History (OpenAI-shaped, see :mod:`redlite.core.chat`), in this order:
 
    * ``message`` (``type`` may be omitted): ``user`` / ``system`` / ``developer`` (as
      ``system``) / ``assistant``; content a string or parts (``input_text``, ``output_text``,
-     ``text``, ``refusal``: their text; ``input_image`` / ``input_file`` -> 400);
+     ``text``, ``refusal``: their text; media parts are refused by the request model);
    * ``reasoning``: its text becomes the ``reasoning_content`` of the assistant message that
      follows; the text is taken from our ``encrypted_content`` (:mod:`redlite.server.
      reasoning_token`), else its ``reasoning_text`` content parts, else its summary texts;
@@ -24,7 +24,8 @@ Tools: ``function`` tools become OpenAI chat function tools; other types (``web_
 ``local_shell``, ``custom``, ``namespace``, ``file_search`` ...) are skipped with one log line.
 ``tool_choice``: a string as is, ``{"type": "function", "name"}`` -> the name, other objects ->
 ``auto``. ``reasoning.effort == "none"`` -> ``enable_thinking=False``. ``text.format``
-json_object / json_schema -> ``response_format``. ``max_output_tokens`` -> ``max_tokens``;
+json_object / json_schema -> ``response_format`` (a 400 while ``response_format`` is in
+:data:`redlite.server.schemas.UNSUPPORTED_FIELDS`). ``max_output_tokens`` -> ``max_tokens``;
 ``prompt_cache_key`` -> the session key.
 
 Errors: :class:`redlite.server.errors.APIError` (400) naming the offending field.
@@ -38,46 +39,31 @@ from redlite.core.chat import ChatRequest
 from redlite.engine.base import SamplingParams
 from redlite.server.errors import APIError
 from redlite.server.reasoning_token import decode_reasoning
-from redlite.server.responses_schemas import InputItem, ResponsesRequest
+from redlite.server.responses_schemas import ReasoningItem, ResponsesRequest
+from redlite.server.schemas import UNSUPPORTED_FIELDS
 
 log = logging.getLogger("redlite.server.responses")
 
-_TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 
-def _parts_text(parts: str | list[dict] | None, where: str) -> str:
-    if parts is None:
-        return ""
+def _parts_text(parts) -> str:
+    """The text of a string or of text / refusal parts (media parts are refused by the model)."""
     if isinstance(parts, str):
         return parts
-    texts = []
-    for j, part in enumerate(parts):
-        kind = part.get("type")
-        if kind in _TEXT_PARTS:
-            text = part.get("text", part.get("refusal"))
-            if not isinstance(text, str):
-                raise APIError(400, f"{where}.{j}: a {kind} part needs a string 'text'", f"{where}.{j}")
-            texts.append(text)
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise APIError(400, f"{where}.{j}: {kind} is not supported: redlite serves text-only "
-                           "models", f"{where}.{j}")
-        else:
-            raise APIError(400, f"{where}.{j}: unsupported content part type {kind!r}", f"{where}.{j}")
-    return "".join(texts)
+    return "".join(part.text if part.type != "refusal" else part.refusal for part in parts)
 
 
-def reasoning_text(item: InputItem) -> str:
+def reasoning_text(item: ReasoningItem) -> str:
     """The reasoning a replayed ``reasoning`` item carries (see the module docstring)."""
     if item.encrypted_content:
         text = decode_reasoning(item.encrypted_content)
         if text is not None:
             return text
-    content = item.content if isinstance(item.content, list) else []
-    parts = [p.get("text", "") for p in content if p.get("type") == "reasoning_text"]
+    parts = [p.text for p in item.content or [] if p.type == "reasoning_text"]
     if parts:
         return "".join(parts)
-    return "\n\n".join(p.get("text", "") for p in item.summary or [] if p.get("type") == "summary_text")
+    return "\n\n".join(p.text for p in item.summary if p.type == "summary_text")
 
 
 class _History:
@@ -101,14 +87,11 @@ class _History:
                 self.reasoning = None
         return self.assistant
 
-    def add(self, item: InputItem, where: str, skipped: list[str]) -> None:
-        kind = item.type or ("message" if item.role else None)
+    def add(self, item, skipped: list[str]) -> None:
+        kind = item.type
         if kind == "message":
-            role = _ROLES.get(item.role or "")
-            if role is None:
-                raise APIError(400, f"{where}.role: must be user, system, developer or assistant",
-                               f"{where}.role")
-            text = _parts_text(item.content, f"{where}.content")
+            role = _ROLES[item.role]
+            text = _parts_text(item.content)
             if role == "assistant":
                 if self.assistant is not None and self.assistant.get("tool_calls"):
                     self.flush()
@@ -126,17 +109,13 @@ class _History:
             else:
                 self.reasoning = (self.reasoning or "") + text
         elif kind == "function_call":
-            if not item.call_id or not item.name:
-                raise APIError(400, f"{where}: function_call needs 'call_id' and 'name'", where)
             self.open_assistant().setdefault("tool_calls", []).append(
                 {"id": item.call_id, "type": "function",
                  "function": {"name": item.name, "arguments": item.arguments or "{}"}})
         elif kind == "function_call_output":
-            if not item.call_id:
-                raise APIError(400, f"{where}: function_call_output needs 'call_id'", where)
             self.flush()
             self.messages.append({"role": "tool", "tool_call_id": item.call_id,
-                                  "content": _parts_text(item.output, f"{where}.output")})
+                                  "content": _parts_text(item.output)})
         else:
             skipped.append(str(kind))
 
@@ -151,8 +130,8 @@ def convert_input(body: ResponsesRequest, history: list[dict] | None = None) -> 
         messages.append({"role": "user", "content": body.input})
         return messages
     builder, skipped = _History(messages), []
-    for i, item in enumerate(body.input):
-        builder.add(item, f"input.{i}", skipped)
+    for item in body.input:
+        builder.add(item, skipped)
     builder.flush()
     if skipped:
         log.info("responses: skipping %d input item(s) of unsupported types: %s", len(skipped),
@@ -163,15 +142,13 @@ def convert_input(body: ResponsesRequest, history: list[dict] | None = None) -> 
 def convert_tools(body: ResponsesRequest) -> list[dict]:
     """OpenAI chat function tools of ``body``; other tool types skipped with one log line."""
     tools, skipped = [], []
-    for i, tool in enumerate(body.tools or []):
-        if tool.get("type") != "function":
-            skipped.append(str(tool.get("type")))
+    for tool in body.tools or []:
+        if tool.type != "function":
+            skipped.append(tool.type)
             continue
-        if not isinstance(tool.get("name"), str):
-            raise APIError(400, f"tools.{i}.name: a function tool needs a name", f"tools.{i}.name")
-        function = {"name": tool["name"], "parameters": tool.get("parameters") or {"type": "object"}}
-        if tool.get("description"):
-            function["description"] = tool["description"]
+        function = {"name": tool.name, "parameters": tool.parameters or {"type": "object"}}
+        if tool.description:
+            function["description"] = tool.description
         tools.append({"type": "function", "function": function})
     if skipped:
         log.info("responses: skipping %d tool(s) of types other than function: %s", len(skipped),
@@ -196,6 +173,9 @@ def _response_format(body: ResponsesRequest) -> dict | None:
     kind = fmt.get("type", "text")
     if kind == "text":
         return None
+    if kind in ("json_object", "json_schema") and "response_format" in UNSUPPORTED_FIELDS:
+        raise APIError(400, f"text.format {kind} (constrained output) is not supported by this "
+                       "server yet", "text.format", "unsupported_field")
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
