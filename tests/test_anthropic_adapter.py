@@ -44,7 +44,7 @@ def test_full_conversation_converts_to_openai_history():
                {"type": "web_search_20250305", "name": "web_search"}],
         tool_choice={"type": "any", "disable_parallel_tool_use": True},
         thinking={"type": "enabled", "budget_tokens": 1024},
-        stop_sequences=["END", ""], temperature=0.5, top_k=7)
+        stop_sequences=["END"], temperature=0.5, top_k=7)
     assert chat.messages == [
         {"role": "system", "content": "You are a helper.\n\nBe brief."},
         {"role": "user", "content": "list files\n\nnow"},

@@ -79,7 +79,6 @@ def test_history_of_a_previous_response_goes_after_instructions():
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
     ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format"),
 ])
@@ -98,6 +97,12 @@ def test_bad_choices_are_a_400_naming_the_field(fields, param):
 def test_malformed_items_are_refused(item):
     with pytest.raises(ValidationError):
         ResponsesRequest.model_validate({"input": [item]})
+
+
+@pytest.mark.parametrize("choice", ["sometimes", {}, {"type": "allowed_tools"}, {"type": "function"}])
+def test_unknown_tool_choices_are_refused(choice):
+    with pytest.raises(ValidationError):
+        ResponsesRequest.model_validate({"input": "x", "tool_choice": choice})
 
 
 def test_media_parts_are_refused_as_unsupported_content():

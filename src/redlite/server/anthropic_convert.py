@@ -192,6 +192,6 @@ def to_chat_request(body: CountTokensRequest, session_key: str | None = None) ->
         request.sampling = SamplingParams(
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0)
-        request.stop = [s for s in body.stop_sequences or [] if s]
+        request.stop = list(body.stop_sequences or [])
         request.request_id = request.request_id.replace("req-", "msg_", 1)
     return request

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from redlite.server.schemas import int_in
+from redlite.core.stop import MAX_STOP_SEQUENCES
+from redlite.server.schemas import StopText, int_in
 
 _STRICT = ConfigDict(extra="allow", strict=True)
 
@@ -151,7 +152,7 @@ class MessagesRequest(CountTokensRequest):
     """Body of ``POST /v1/messages``; ``max_tokens`` is required, as in Anthropic's API."""
 
     max_tokens: int_in(ge=1)
-    stop_sequences: list[StrictStr] | None = None
+    stop_sequences: Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int_in(ge=0) | None = None

@@ -125,15 +125,14 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
         keep(body, chat, run.output, response)
         return response
 
-    @app.get("/v1/responses/{response_id}")
-    async def retrieve(response_id: str) -> Any:
-        stored = store.get(response_id)
-        if stored is None:
-            raise APIError(404, f"response {response_id!r} not found", "response_id", "not_found")
-        return stored.response
-
-    @app.delete("/v1/responses/{response_id}")
-    async def delete(response_id: str) -> Any:
-        if not store.delete(response_id):
-            raise APIError(404, f"response {response_id!r} not found", "response_id", "not_found")
-        return {"id": response_id, "object": "response.deleted", "deleted": True}
+    # one route for both methods, so a 405 names both in its Allow header; documented by
+    # redlite.server.wire_openapi.wire_paths (FastAPI would give both methods one operationId)
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], include_in_schema=False)
+    async def stored_response(request: Request, response_id: str) -> Any:
+        if request.method == "GET":
+            stored = store.get(response_id)
+            if stored is not None:
+                return stored.response
+        elif store.delete(response_id):
+            return {"id": response_id, "object": "response.deleted", "deleted": True}
+        raise APIError(404, f"response {response_id!r} not found", "response_id", "not_found")

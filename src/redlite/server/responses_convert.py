@@ -22,8 +22,7 @@ History (OpenAI-shaped, see :mod:`redlite.core.chat`), in this order:
 
 Tools: ``function`` tools become OpenAI chat function tools; other types (``web_search``,
 ``local_shell``, ``custom``, ``namespace``, ``file_search`` ...) are skipped with one log line.
-``tool_choice``: a string as is, ``{"type": "function", "name"}`` -> the name, other objects ->
-``auto``. ``reasoning.effort == "none"`` -> ``enable_thinking=False``. ``text.format``
+``tool_choice``: a string as is, ``{"type": "function", "name"}`` -> the name. ``reasoning.effort == "none"`` -> ``enable_thinking=False``. ``text.format``
 json_object / json_schema -> ``response_format`` (a 400 while ``response_format`` is in
 :data:`redlite.server.schemas.UNSUPPORTED_FIELDS`). ``max_output_tokens`` -> ``max_tokens``;
 ``prompt_cache_key`` -> the session key.
@@ -156,16 +155,10 @@ def convert_tools(body: ResponsesRequest) -> list[dict]:
     return tools
 
 
-def _tool_choice(choice: str | dict | None) -> str:
+def _tool_choice(choice) -> str:
     if choice is None:
         return "auto"
-    if isinstance(choice, str):
-        if choice not in ("auto", "none", "required"):
-            raise APIError(400, "tool_choice: must be auto, none, required or a function", "tool_choice")
-        return choice
-    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return choice["name"]
-    return "auto"
+    return choice if isinstance(choice, str) else choice.name
 
 
 def _response_format(body: ResponsesRequest) -> dict | None:
@@ -199,6 +192,4 @@ def to_chat_request(body: ResponsesRequest, history: list[dict] | None = None) -
                                 top_p=1.0 if body.top_p is None else body.top_p),
         response_format=_response_format(body), session_key=body.prompt_cache_key)
     request.request_id = request.request_id.replace("req-", "resp_", 1)
-    if not request.messages:
-        raise APIError(400, "input: the conversation is empty", "input")
     return request

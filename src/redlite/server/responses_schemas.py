@@ -90,7 +90,8 @@ class ReasoningItem(BaseModel):
 class OtherItem(BaseModel):
     """An item of a type the converter skips (``item_reference``, ``local_shell_call`` ...)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={
+        "properties": {"type": {"type": "string", "not": {"enum": list(KNOWN_ITEMS)}}}})
     type: StrictStr
 
     @model_validator(mode="after")
@@ -100,7 +101,7 @@ class OtherItem(BaseModel):
         return self
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | SkipJsonSchema[OtherItem]
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | OtherItem
 
 
 class FunctionTool(BaseModel):
@@ -116,7 +117,8 @@ class OtherTool(BaseModel):
     """A tool of another type (``web_search``, ``local_shell``, ``custom``, ``namespace``,
     ``file_search`` ...): skipped with a log line."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={
+        "properties": {"type": {"type": "string", "not": {"const": "function"}}}})
     type: StrictStr
 
     @model_validator(mode="after")
@@ -124,6 +126,14 @@ class OtherTool(BaseModel):
         if self.type == "function":
             raise PydanticCustomError("tool_type", "not a valid function tool")
         return self
+
+
+class FunctionChoice(BaseModel):
+    """``{"type": "function", "name"}``: that function must be called."""
+
+    model_config = _STRICT
+    type: Literal["function"]
+    name: StrictStr
 
 
 class ReasoningOptions(BaseModel):
@@ -149,8 +159,8 @@ class ResponsesRequest(BaseModel):
     model: StrictStr | None = None
     input: StrictStr | Annotated[list[InputItem], Field(min_length=1)]
     instructions: StrictStr | None = None
-    tools: list[FunctionTool | SkipJsonSchema[OtherTool]] | None = None
-    tool_choice: StrictStr | dict[str, Any] | None = None
+    tools: list[FunctionTool | OtherTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     max_output_tokens: int_in(ge=1) | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
