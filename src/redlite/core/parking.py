@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
 from redlite.core.reuse import common_prefix_length
@@ -61,6 +61,8 @@ class ParkedEntry:
     snapshot: the engine state in host memory (None for a disk entry not loaded yet).
     checkpoints: the conversation's checkpoints, ascending by position.
     created/last_used: wall-clock times (s since the epoch). tier: ``"ram"`` or ``"disk"``.
+    verify: for an entry just read from disk, ``() -> None`` finishing its checksum pass
+    (raises when the file is refused); call it before trusting the state (``install`` does).
     """
 
     key: Hashable
@@ -70,6 +72,7 @@ class ParkedEntry:
     created: float = 0.0
     last_used: float = 0.0
     tier: str = "ram"
+    verify: Callable[[], None] | None = None
 
     @property
     def checkpoint_positions(self) -> list[int]:

@@ -10,29 +10,41 @@ it opens with the ``safetensors`` library. The header's ``__metadata__`` holds o
     created, last_used (s since the epoch), checksum "crc32:xxxxxxxx"
 
 Tensor names: ``state.<name>`` for the engine snapshot, ``ckpt.<i>.<name>`` for checkpoint
-payloads. The checksum is CRC-32 of the canonical JSON of the metadata (without
-``checksum``) and the tensor table, followed by the data section; it detects corruption (not
-tampering). Writing goes to a
-temporary file in the same directory, is fsynced, renamed over the target, and the directory
-fsynced (POSIX rename atomicity). Never pickle: tensors are raw little-endian bytes.
+payloads. The checksum is XXH3-64 (``"xxh3:<16 hex>"``; files of older builds carry
+``"crc32:<8 hex>"``, still read) of the canonical JSON of the metadata (without ``checksum``)
+and the tensor table, followed by the data section; it detects corruption (not tampering).
+
+Writing goes to a temporary file in the same directory named per process and call
+(``.<name>.<pid>-<8 hex>.tmp``, so writers sharing a directory never touch each other's), mode
+0600 (the file decodes to a whole conversation), fsynced, renamed over the target, and the
+directory fsynced (POSIX rename atomicity). A file is written once and never rewritten in
+place. Never pickle: tensors are raw little-endian bytes.
 
 Reading validates the header structure (offsets cover the data section exactly, so a
 truncated file is detected), the format version, fingerprint and dtype, then the checksum;
-any failure raises :class:`SessionFileError` with a short ``reason``. torch is imported only
-for ``tensor_format == "torch"`` files.
+any failure raises :class:`SessionFileError` with a short ``reason``. The data section is
+memory-mapped (private, copy-on-write) and the tensors are views of the mapping: no copy in
+Python, and the checksum pass runs over the mapped pages (:meth:`StateFile.verify`, or in a
+background thread with :meth:`StateFile.start_verify`, so that copying the tensors into the
+engine and verifying them proceed together at the disk's speed). torch is imported only for
+``tensor_format == "torch"`` files.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import secrets
 import struct
+import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 FORMAT = "redlite-session"
 VERSION = 1
@@ -70,12 +82,57 @@ class Expected:
 
 @dataclass
 class StateFile:
-    """A file's content: ``meta`` (the JSON object), ``tensors`` (name -> array/tensor on CPU)
-    and ``nbytes`` (the file size)."""
+    """A file's content: ``meta`` (the JSON object), ``tensors`` (name -> array/tensor on CPU,
+    views of the file's private mapping) and ``nbytes`` (the file size). Until :meth:`verify`
+    has returned, the tensors are unverified bytes."""
 
     meta: dict[str, Any]
     tensors: dict[str, Any]
     nbytes: int
+    _check: Any = field(default=None, repr=False)  # () -> None, raises SessionFileError
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _error: list = field(default_factory=list, repr=False)
+
+    def start_verify(self) -> None:
+        """Start the checksum pass in a background thread (the hash releases the GIL)."""
+        if self._check is None or self._thread is not None:
+            return
+
+        def run() -> None:
+            try:
+                self._check()
+            except SessionFileError as error:
+                self._error.append(error)
+            except BaseException as error:  # e.g. an I/O error on a mapped page
+                self._error.append(SessionFileError("io", str(error)))
+        self._thread = threading.Thread(target=run, name="session-verify", daemon=True)
+        self._thread.start()
+
+    def verify(self) -> None:
+        """Finish the checksum pass (waits for :meth:`start_verify`'s thread). Raises
+        SessionFileError (``checksum``) when the data are not what was written."""
+        if self._check is None:
+            return
+        if self._thread is None:
+            self._check()
+        else:
+            self._thread.join()
+            if self._error:
+                raise self._error[0]
+        self._check = None
+
+
+def _checksum(canonical: bytes, chunks) -> str:
+    """``"xxh3:<16 hex>"`` of the canonical header followed by the data ``chunks``."""
+    h = xxhash.xxh3_64(canonical)
+    for chunk in chunks:
+        h.update(chunk)
+    return f"xxh3:{h.intdigest():016x}"
+
+
+def _private_open(path: Path, mode: str):
+    """``open(path, mode)`` creating the file with mode 0600."""
+    return open(path, mode, opener=lambda p, flags: os.open(p, flags, 0o600))
 
 
 def _buffer(array: Any) -> tuple[str, list[int], memoryview]:
@@ -103,7 +160,7 @@ def _canonical(meta: dict[str, Any], table: dict[str, Any]) -> bytes:
 
 
 def write_state_file(path: str | os.PathLike, meta: dict[str, Any], tensors: dict[str, Any],
-                     opener=open) -> int:
+                     opener=_private_open) -> int:
     """Write ``tensors`` (name -> CPU array/tensor) and ``meta`` (JSON-serialisable; format,
     version and checksum are filled in) to ``path`` atomically. Returns the bytes written.
 
@@ -119,14 +176,11 @@ def write_state_file(path: str | os.PathLike, meta: dict[str, Any], tensors: dic
         header[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + raw.nbytes]}
         offset += raw.nbytes
     meta = dict(meta, format=FORMAT, version=VERSION)
-    crc = zlib.crc32(_canonical(meta, header))
-    for _, _, raw in buffers:
-        crc = zlib.crc32(raw, crc)
-    meta["checksum"] = f"crc32:{crc:08x}"
+    meta["checksum"] = _checksum(_canonical(meta, header), (raw for _, _, raw in buffers))
     header["__metadata__"] = {"redlite": json.dumps(meta, separators=(",", ":"))}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
         with opener(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(encoded)))
@@ -231,49 +285,61 @@ def read_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
     """Read and verify a whole file: structure, compatibility with ``expected``, checksum.
     Returns CPU tensors (numpy arrays or torch tensors per the file's ``tensor_format``).
     Raises SessionFileError."""
+    state = open_state_file(path, expected)
+    state.verify()
+    return state
+
+
+def open_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
+    """Map a file and check its structure and compatibility with ``expected``; the checksum
+    is left to :meth:`StateFile.verify` / :meth:`StateFile.start_verify` (call one before
+    trusting the tensors). Raises SessionFileError."""
     try:
-        with open(path, "rb", buffering=0) as f:
-            data = np.empty(os.fstat(f.fileno()).st_size, dtype=np.uint8)  # not zero-filled
-            got = _read_into(f, memoryview(data))
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise SessionFileError("truncated", "shorter than 8 bytes")
+            mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
     except OSError as error:
         raise SessionFileError("io", str(error)) from None
-    if got != len(data) or len(data) < 8:
-        raise SessionFileError("truncated", "short read")
-    (n,) = struct.unpack_from("<Q", data, 0)
-    if n > min(MAX_HEADER_BYTES, len(data) - 8):
+    (n,) = struct.unpack_from("<Q", mapped, 0)
+    if n > min(MAX_HEADER_BYTES, size - 8):
         raise SessionFileError("truncated" if n <= MAX_HEADER_BYTES else "corrupt-header",
-                               f"header of {n} bytes in a file of {len(data)}")
-    meta, entries = _parse_header(data[8:8 + n].tobytes(), len(data) - 8 - n)
+                               f"header of {n} bytes in a file of {size}")
+    meta, entries = _parse_header(mapped[8:8 + n], size - 8 - n)
     check_compatible(meta, expected)
-    view = memoryview(data)[8 + n:]
-    crc = zlib.crc32(view, zlib.crc32(_canonical(meta, entries)))
-    if meta.get("checksum") != f"crc32:{crc:08x}":
-        raise SessionFileError("checksum", f"stored {meta.get('checksum')}, computed crc32:{crc:08x}")
     base = 8 + n
+    if base < size:
+        mapped.madvise(mmap.MADV_WILLNEED, base & ~(mmap.PAGESIZE - 1))  # start reading ahead
+    canonical = _canonical(meta, entries)
+    stored = meta.get("checksum")
+
+    def check() -> None:
+        with memoryview(mapped) as view:
+            data = view[base:]
+            if isinstance(stored, str) and stored.startswith("crc32:"):  # older files
+                computed = f"crc32:{zlib.crc32(data, zlib.crc32(canonical)):08x}"
+            else:
+                computed = _checksum(canonical, (data,))
+            data.release()
+        if stored != computed:
+            raise SessionFileError("checksum", f"stored {stored}, computed {computed}")
+
     tensors = {}
     for name, entry in entries.items():
         begin, end = entry["data_offsets"]
-        tensors[name] = _array(data, base + begin, base + end, entry["dtype"], entry["shape"],
+        tensors[name] = _array(mapped, base + begin, base + end, entry["dtype"], entry["shape"],
                                meta["tensor_format"])
-    return StateFile(meta, tensors, len(data))
+    return StateFile(meta, tensors, size, check)
 
 
-def _read_into(f, view: memoryview) -> int:
-    """Fill ``view`` from ``f``; returns the bytes read (less at end of file)."""
-    got = 0
-    while got < len(view):
-        n = f.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    return got
-
-
-def _array(data: np.ndarray, begin: int, end: int, code: str, shape: list[int], tensor_format: str) -> Any:
+def _array(data: Any, begin: int, end: int, code: str, shape: list[int], tensor_format: str) -> Any:
     if tensor_format == "numpy":
         if code not in _NUMPY_CODES:
             raise SessionFileError("corrupt-header", f"dtype {code} in a numpy file")
         dtype = np.dtype(_NUMPY_CODES[code])
+        if end == begin:
+            return np.empty(shape, dtype)
         return np.frombuffer(data, dtype, (end - begin) // dtype.itemsize, begin).reshape(shape)
     import torch
 
