@@ -58,6 +58,8 @@ def install(gen: "Generator", entry: ParkedEntry) -> bool:
     engine = gen.engine
     gen.failed = True
     try:
+        if entry.fill is not None:  # a file: straight into the engine's memory where it can
+            entry.fill(engine)
         engine.restore(entry.snapshot)
         checkpoints = [c.obj if c.obj is not None else
                        engine.checkpoint_from_tensors(c.position, c.tensors, c.meta, c.turn_boundary)

@@ -61,8 +61,11 @@ class ParkedEntry:
     snapshot: the engine state in host memory (None for a disk entry not loaded yet).
     checkpoints: the conversation's checkpoints, ascending by position.
     created/last_used: wall-clock times (s since the epoch). tier: ``"ram"`` or ``"disk"``.
-    verify: for an entry just read from disk, ``() -> None`` finishing its checksum pass
-    (raises when the file is refused); call it before trusting the state (``install`` does).
+    fill/verify: for an entry just read from disk (its tensors mapped, unverified):
+    ``fill(engine) -> bool`` reads the file straight into the engine's memory and verifies it
+    (True; raises when the file is refused) or, for an engine offering no targets, starts the
+    checksum pass and returns False; ``verify() -> None`` finishes that pass (raises when the
+    file is refused). ``install`` calls both before trusting the state.
     """
 
     key: Hashable
@@ -72,6 +75,7 @@ class ParkedEntry:
     created: float = 0.0
     last_used: float = 0.0
     tier: str = "ram"
+    fill: Callable[[Any], bool] | None = None
     verify: Callable[[], None] | None = None
 
     @property

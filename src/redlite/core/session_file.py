@@ -49,6 +49,7 @@ import xxhash
 FORMAT = "redlite-session"
 VERSION = 1
 MAX_HEADER_BYTES = 100 << 20
+WRITE_CHUNK = 8 << 20  # bytes per write (one huge write measured slower than 8 MiB ones)
 
 _NUMPY_CODES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
                 "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
@@ -90,6 +91,7 @@ class StateFile:
     tensors: dict[str, Any]
     nbytes: int
     _check: Any = field(default=None, repr=False)  # () -> None, raises SessionFileError
+    _fill: Any = field(default=None, repr=False)  # (targets) -> None, see fill()
     _thread: threading.Thread | None = field(default=None, repr=False)
     _error: list = field(default_factory=list, repr=False)
 
@@ -107,6 +109,17 @@ class StateFile:
                 self._error.append(SessionFileError("io", str(error)))
         self._thread = threading.Thread(target=run, name="session-verify", daemon=True)
         self._thread.start()
+
+    def fill(self, targets: dict[str, Any]) -> dict[str, Any]:
+        """Read the data section straight into ``targets`` (name -> writable CPU torch tensor
+        of that file tensor's shape and dtype, any strides: e.g. views of an engine's cache)
+        and verify the checksum over the whole file in the same pass (each block hashed just
+        after it is read). Tensors without a target are hashed from the mapping. Returns the
+        tensors with the targets in place of the mapped views. Raises SessionFileError
+        (``checksum``, ``io``, or ``corrupt-header`` for a target that does not fit)."""
+        self._fill(targets)
+        self._check = None
+        return {**self.tensors, **targets}
 
     def verify(self) -> None:
         """Finish the checksum pass (waits for :meth:`start_verify`'s thread). Raises
@@ -176,18 +189,30 @@ def write_state_file(path: str | os.PathLike, meta: dict[str, Any], tensors: dic
         header[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + raw.nbytes]}
         offset += raw.nbytes
     meta = dict(meta, format=FORMAT, version=VERSION)
-    meta["checksum"] = _checksum(_canonical(meta, header), (raw for _, _, raw in buffers))
+    canonical = _canonical(meta, header)
+    # the checksum is known only after the data pass: a unique placeholder of the same length
+    # is written first and replaced once the last chunk is written (before the rename)
+    placeholder = f"xxh3:{secrets.token_hex(8)}"
+    meta["checksum"] = placeholder
     header["__metadata__"] = {"redlite": json.dumps(meta, separators=(",", ":"))}
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
+    at = 8 + encoded.index(placeholder.encode())
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    hasher = xxhash.xxh3_64(canonical)
     try:
         with opener(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(encoded)))
             f.write(encoded)
             for _, _, raw in buffers:
-                f.write(raw)
+                for begin in range(0, raw.nbytes, WRITE_CHUNK):
+                    chunk = raw[begin:begin + WRITE_CHUNK]
+                    hasher.update(chunk)
+                    f.write(chunk)
             f.flush()
+            final = f"xxh3:{hasher.intdigest():016x}".encode()
+            if os.pwrite(f.fileno(), final, at) != len(final):
+                raise OSError("short write of the checksum")
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -325,12 +350,98 @@ def open_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
         if stored != computed:
             raise SessionFileError("checksum", f"stored {stored}, computed {computed}")
 
+    def fill(targets: dict[str, Any]) -> None:
+        legacy = isinstance(stored, str) and stored.startswith("crc32:")
+        hasher = _Hasher(canonical, legacy)
+        order = sorted(entries.items(), key=lambda item: item[1]["data_offsets"][0])
+        try:
+            with open(path, "rb", buffering=0) as f, memoryview(mapped) as view:
+                if os.fstat(f.fileno()).st_size != size:
+                    raise SessionFileError("changed", "file size changed")
+                for name, entry in order:
+                    begin, end = (base + o for o in entry["data_offsets"])
+                    target = targets.get(name)
+                    if target is None:
+                        hasher.update(view[begin:end])
+                        continue
+                    _check_target(name, target, entry)
+                    f.seek(begin)
+                    for block in _blocks(target):
+                        for at in range(0, len(block), WRITE_CHUNK):
+                            piece = block[at:at + WRITE_CHUNK]
+                            if _read_into(f, piece) != len(piece):
+                                raise SessionFileError("truncated", "short read")
+                            hasher.update(piece)
+        except OSError as error:
+            raise SessionFileError("io", str(error)) from None
+        computed = hasher.hexdigest()
+        if stored != computed:
+            raise SessionFileError("checksum", f"stored {stored}, computed {computed}")
+
     tensors = {}
     for name, entry in entries.items():
         begin, end = entry["data_offsets"]
         tensors[name] = _array(mapped, base + begin, base + end, entry["dtype"], entry["shape"],
                                meta["tensor_format"])
-    return StateFile(meta, tensors, size, check)
+    return StateFile(meta, tensors, size, check, fill)
+
+
+class _Hasher:
+    """The file checksum computed incrementally: XXH3-64, or CRC-32 for older files."""
+
+    def __init__(self, canonical: bytes, legacy: bool) -> None:
+        self.legacy = legacy
+        self.crc = zlib.crc32(canonical) if legacy else 0
+        self.xxh = None if legacy else xxhash.xxh3_64(canonical)
+
+    def update(self, data) -> None:
+        if self.legacy:
+            self.crc = zlib.crc32(data, self.crc)
+        else:
+            self.xxh.update(data)
+
+    def hexdigest(self) -> str:
+        return f"crc32:{self.crc:08x}" if self.legacy else f"xxh3:{self.xxh.intdigest():016x}"
+
+
+def _check_target(name: str, target: Any, entry: dict[str, Any]) -> None:
+    """Raise SessionFileError unless ``target`` is a CPU torch tensor of the entry's shape and dtype."""
+    code = _TORCH_CODES.get(str(getattr(target, "dtype", "")).removeprefix("torch."))
+    if code != entry["dtype"] or list(target.shape) != list(entry["shape"]) \
+            or getattr(target, "device", None) is None or target.device.type != "cpu":
+        raise SessionFileError("corrupt-header", f"tensor {name!r} does not fit the engine's "
+                               f"({entry['dtype']} {entry['shape']})")
+
+
+def _blocks(target: Any):
+    """Writable byte views of ``target``'s contiguous blocks, in row-major order (the file's
+    order): the trailing dimensions that are contiguous form one block."""
+    import itertools
+
+    import torch
+
+    shape, strides = list(target.shape), list(target.stride())
+    k, expected = len(shape), 1
+    while k > 0 and (shape[k - 1] == 1 or strides[k - 1] == expected):
+        expected *= shape[k - 1]
+        k -= 1
+    if target.numel() == 0:
+        return
+    for index in itertools.product(*(range(n) for n in shape[:k])):
+        block = target[index] if index else target
+        assert block.is_contiguous()  # a view, so reading into it fills the target
+        yield memoryview(block.reshape(-1).view(torch.uint8).numpy())
+
+
+def _read_into(f, view: memoryview) -> int:
+    """Fill ``view`` from ``f``; returns the bytes read (less at end of file)."""
+    got = 0
+    while got < len(view):
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
 
 
 def _array(data: Any, begin: int, end: int, code: str, shape: list[int], tensor_format: str) -> Any:

@@ -273,9 +273,9 @@ class SessionStore:
     # --- load --------------------------------------------------------------------------------
 
     def load(self, key: str) -> ParkedEntry | None:
-        """Map a file, check its header, and start verifying its checksum in the background;
-        the entry's ``verify()`` (called by ``install`` before the state is trusted) finishes
-        it. None when the file cannot be used; a refused file (here or in ``verify``) is
+        """Map a file and check its header; the entry's ``fill``/``verify`` (called by
+        ``install`` before the state is trusted) read it into the engine and verify its
+        checksum. None when the file cannot be used; a refused file (here or later) is
         logged, dropped from the index and moved to ``rejected/``. Marks it used (mtime)."""
         entry = self._entries.get(key)
         if entry is None:
@@ -289,16 +289,35 @@ class SessionStore:
             self._forget(key)
             self._reject(entry.path, error)
             return None
-        state.start_verify()
+        def refused(error: SessionFileError) -> None:
+            if self._forget(key) is not None:
+                self._reject(entry.path, error)
+
+        def fill(engine: Any) -> bool:
+            targets = engine.restore_targets(len(parked.held_ids))
+            if not targets:
+                state.start_verify()  # verified while the engine copies the mapped state
+                return False
+            try:
+                tensors = state.fill({f"state.{name}": t for name, t in targets.items()})
+            except SessionFileError as error:
+                refused(error)
+                raise
+            snapshot = parked.snapshot
+            parked.snapshot = StateSnapshot(snapshot.n_past, {name[6:]: t for name, t in tensors.items()
+                                                              if name.startswith("state.")},
+                                            snapshot.meta, snapshot.tensor_format)
+            parked.verify = None
+            return True
 
         def verify() -> None:
             try:
                 state.verify()
             except SessionFileError as error:
-                if self._forget(key) is not None:
-                    self._reject(entry.path, error)
+                refused(error)
                 raise
 
+        parked.fill = fill
         parked.verify = verify
         parked.last_used = self._clock()
         self._touch(entry, parked.last_used)
