@@ -23,6 +23,9 @@ for save and restore, issue 12 §5). Medians of ``--repeat``. Prints a Markdown 
 saves it with the JSON under bench/results/ (``park-DATE-MACHINE.{md,json}``).
 
 Usage: PYTHONPATH=src .venv/bin/python bench/park.py [--sizes 1024,4096,8192] [--dir DIR] [--repeat 5]
+       [--random-weights] [--random-state] [--machine NAME] [--out DIR]
+(``--random-weights``: the bundled model's shape, random weights, no model file; ``--random-state``:
+random state bytes instead of a prefill. Neither changes the bytes saved and restored.)
 """
 
 from __future__ import annotations
@@ -108,14 +111,51 @@ def raw_read(path: Path, buffer: bytearray) -> float:
     return time.perf_counter() - started
 
 
-def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int) -> dict:
+# SmolLM2-135M's shape (the bundled model): --random-weights builds it without the model file
+SMOLLM2_135M = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                    max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                    tie_word_embeddings=True)
+
+
+def random_engine(ctx: int):
+    """A torch engine of the bundled model's shape with random weights (same state size)."""
+    import torch
+
+    from redlite.engine.torch_engine import TorchEngine
+    from redlite.models.llama import LlamaModel
+
+    model = LlamaModel(dict(SMOLLM2_135M), device="cpu", dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.ones_like(p) if "norm" in name else 0.02 * torch.randn_like(p))
+    return TorchEngine(model.eval(), ctx_size=ctx, model_id="random-SmolLM2-135M-shape")
+
+
+def fill_random(engine, n: int) -> None:
+    """Hold ``n`` tokens of random state (instead of a prefill)."""
+    import torch
+
+    from redlite.engine.base import StateSnapshot
+
+    shapes = {name: t.shape for name, t in engine.snapshot().tensors.items()}
+    tensors = {name: torch.randn(*(shape[:3] + (n,) + shape[4:])) for name, shape in shapes.items()}
+    engine.restore(StateSnapshot(n, tensors, {}, "torch"))
+
+
+def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
+            random_state: bool = False) -> dict:
     engine = gen.engine
     engine.reset()
     gen.held_ids, gen.failed = [], False
     gen.checkpoints.clear()
     started = time.perf_counter()
-    engine.prefill(tokens)
-    prefill_s = time.perf_counter() - started
+    if random_state:
+        fill_random(engine, len(tokens))
+        prefill_s = float("nan")
+    else:
+        engine.prefill(tokens)
+        prefill_s = time.perf_counter() - started
     gen.held_ids = list(tokens)
     keys = ("ram_save", "ram_restore", "disk_save", "raw_write", "cold_restore", "cold_raw_read",
             "warm_restore", "warm_raw_read")
@@ -196,16 +236,27 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--model", default=None)
     parser.add_argument("--out", default=str(ROOT / "bench/results"), help="where the .md/.json go")
+    parser.add_argument("--machine", default=None, help="machine name in the output file name")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="the bundled model's shape with random weights (no model file needed)")
+    parser.add_argument("--random-state", action="store_true",
+                        help="random state tensors instead of a prefill (same bytes, no prefill time)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
-    from redlite.engine.factory import load_engine
+    if args.random_weights:
+        from redlite.core.byte_tokenizer import ByteTokenizer
 
-    engine, tokenizer = load_engine(args.model, ctx_size=max(sizes), device="cpu")
-    text = (ROOT / "bench/fixtures/long_context.txt").read_text()
-    ids = tokenizer.encode(text)
-    while len(ids) < max(sizes):
-        ids += ids
+        engine, tokenizer = random_engine(max(sizes)), ByteTokenizer()
+        ids = [i % 49152 for i in range(max(sizes))]
+    else:
+        from redlite.engine.factory import load_engine
+
+        engine, tokenizer = load_engine(args.model, ctx_size=max(sizes), device="cpu")
+        text = (ROOT / "bench/fixtures/long_context.txt").read_text()
+        ids = tokenizer.encode(text)
+        while len(ids) < max(sizes):
+            ids += ids
     base = Path(args.dir) if args.dir else ROOT / "bench/results"
     base.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -214,7 +265,7 @@ def main() -> int:
         store.scan()
         gen = Generator(engine, tokenizer, GeneratorSettings())
         for n in sizes:
-            rows.append(measure(gen, store, ids[:n], args.repeat))
+            rows.append(measure(gen, store, ids[:n], args.repeat, args.random_state))
             print(f"measured {n} tokens", file=sys.stderr)
         store.close()
 
@@ -222,7 +273,9 @@ def main() -> int:
     residency = ", ".join(f"{r['tokens']}: cold session/raw {r['cold_session_resident']:.0%}/"
                           f"{r['cold_raw_resident']:.0%}, warm {r['warm_session_resident']:.0%}/"
                           f"{r['warm_raw_resident']:.0%}" for r in rows)
-    lines = [f"bench/park.py: bundled model {engine.model_id}, dtype "
+    options = " ".join(f"--{k.replace('_', '-')}" for k in ("random_weights", "random_state")
+                       if getattr(args, k))
+    lines = [f"bench/park.py {options}: model {engine.model_id}, dtype "
              f"{str(engine.dtype).removeprefix('torch.')}, CPU, {os.cpu_count()} cores; median of "
              f"{args.repeat}; disk dir {base} ({platform.platform()}); load average "
              f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end.", "",
@@ -232,7 +285,7 @@ def main() -> int:
     stamp = datetime.date.today().isoformat()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"park-{stamp}-{platform.machine()}-cpu"
+    name = f"park-{stamp}-{args.machine or platform.machine() + '-cpu'}"
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     (out / f"{name}.json").write_text(json.dumps({
         "model": engine.model_id, "dtype": str(engine.dtype), "repeat": args.repeat, "rows": rows,

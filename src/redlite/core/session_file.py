@@ -199,7 +199,7 @@ def write_state_file(path: str | os.PathLike, meta: dict[str, Any], tensors: dic
     encoded += b" " * (-len(encoded) % 8)
     at = 8 + encoded.index(placeholder.encode())
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    hasher = xxhash.xxh3_64(canonical)
+    hasher = _HashWorker(_Hasher(canonical, legacy=False))  # hashes while we write
     try:
         with opener(tmp, "wb") as f:
             f.write(struct.pack("<Q", len(encoded)))
@@ -207,15 +207,16 @@ def write_state_file(path: str | os.PathLike, meta: dict[str, Any], tensors: dic
             for _, _, raw in buffers:
                 for begin in range(0, raw.nbytes, WRITE_CHUNK):
                     chunk = raw[begin:begin + WRITE_CHUNK]
-                    hasher.update(chunk)
+                    hasher.put(chunk)
                     f.write(chunk)
             f.flush()
-            final = f"xxh3:{hasher.intdigest():016x}".encode()
+            final = hasher.finish().encode()
             if os.pwrite(f.fileno(), final, at) != len(final):
                 raise OSError("short write of the checksum")
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
+        hasher.finish()
         try:
             os.unlink(tmp)
         except OSError:
@@ -352,17 +353,17 @@ def open_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
 
     def fill(targets: dict[str, Any]) -> None:
         legacy = isinstance(stored, str) and stored.startswith("crc32:")
-        hasher = _Hasher(canonical, legacy)
+        hasher = _HashWorker(_Hasher(canonical, legacy))  # hashes each block while we read on
         order = sorted(entries.items(), key=lambda item: item[1]["data_offsets"][0])
         try:
-            with open(path, "rb", buffering=0) as f, memoryview(mapped) as view:
+            with open(path, "rb", buffering=0) as f:
                 if os.fstat(f.fileno()).st_size != size:
                     raise SessionFileError("changed", "file size changed")
                 for name, entry in order:
                     begin, end = (base + o for o in entry["data_offsets"])
                     target = targets.get(name)
                     if target is None:
-                        hasher.update(view[begin:end])
+                        hasher.put(memoryview(mapped)[begin:end])
                         continue
                     _check_target(name, target, entry)
                     f.seek(begin)
@@ -371,10 +372,14 @@ def open_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
                             piece = block[at:at + WRITE_CHUNK]
                             if _read_into(f, piece) != len(piece):
                                 raise SessionFileError("truncated", "short read")
-                            hasher.update(piece)
+                            hasher.put(piece)
         except OSError as error:
+            hasher.finish()
             raise SessionFileError("io", str(error)) from None
-        computed = hasher.hexdigest()
+        except BaseException:
+            hasher.finish()
+            raise
+        computed = hasher.finish()
         if stored != computed:
             raise SessionFileError("checksum", f"stored {stored}, computed {computed}")
 
@@ -402,6 +407,39 @@ class _Hasher:
 
     def hexdigest(self) -> str:
         return f"crc32:{self.crc:08x}" if self.legacy else f"xxh3:{self.xxh.intdigest():016x}"
+
+
+class _HashWorker:
+    """A thread feeding buffers to a :class:`_Hasher` in order (the hash releases the GIL, so
+    it runs while the caller reads or writes the next buffer). ``put`` buffers must stay
+    unchanged until ``finish`` returns the digest."""
+
+    def __init__(self, hasher: _Hasher) -> None:
+        import queue
+
+        self._hasher, self._queue = hasher, queue.SimpleQueue()
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="session-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if not self._error:
+                try:
+                    self._hasher.update(item)
+                except BaseException as error:
+                    self._error.append(error)
+
+    def put(self, data) -> None:
+        self._queue.put(data)
+
+    def finish(self) -> str:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self._hasher.hexdigest()
 
 
 def _check_target(name: str, target: Any, entry: dict[str, Any]) -> None:
