@@ -24,6 +24,8 @@ import re
 import secrets
 from pathlib import Path
 
+from redlite.core.private_files import make_private_dir
+
 SESSION_NAME = re.compile(r"^rl-(?:(?P<owner>[0-9a-f]{8})-)?[0-9a-f]{16}\.rlsession$")
 TEMP_NAME = re.compile(r"^\.rl-(?:(?P<owner>[0-9a-f]{8})-)?[0-9a-f]{16}\.rlsession"
                        r"\.[0-9]+(?:-[0-9a-f]{8})?\.tmp$")
@@ -40,7 +42,7 @@ def prepare_session_dir(directory: str | os.PathLike) -> Path:
     in it. Returns it as a Path. Raises SessionDirError."""
     path = Path(directory)
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dir(path)
     except OSError as error:
         raise SessionDirError(f"cannot create session directory {path}: "
                               f"{error.strerror or error}") from None

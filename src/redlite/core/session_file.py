@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from redlite.core.private_files import open_private
+
 FORMAT = "redlite-session"
 VERSION = 1
 MAX_HEADER_BYTES = 100 << 20
@@ -143,11 +145,6 @@ def _checksum(canonical: bytes, chunks) -> str:
     return f"xxh3:{h.intdigest():016x}"
 
 
-def _private_open(path: Path, mode: str):
-    """``open(path, mode)`` creating the file with mode 0600."""
-    return open(path, mode, opener=lambda p, flags: os.open(p, flags, 0o600))
-
-
 def _buffer(array: Any) -> tuple[str, list[int], memoryview]:
     """(safetensors dtype code, shape, raw bytes) of a CPU numpy array or torch tensor."""
     if isinstance(array, np.ndarray):
@@ -173,12 +170,13 @@ def _canonical(meta: dict[str, Any], table: dict[str, Any]) -> bytes:
 
 
 def write_state_file(path: str | os.PathLike, meta: dict[str, Any], tensors: dict[str, Any],
-                     opener=_private_open) -> int:
+                     opener=open_private) -> int:
     """Write ``tensors`` (name -> CPU array/tensor) and ``meta`` (JSON-serialisable; format,
     version and checksum are filled in) to ``path`` atomically. Returns the bytes written.
 
     Raises OSError (e.g. ENOSPC: the temporary file is removed, the target untouched) or
-    TypeError for an unsupported dtype. ``opener`` is for tests (fault injection).
+    TypeError for an unsupported dtype. The file is created 0600 (:mod:`redlite.core.private_files`);
+    ``opener`` is for tests (fault injection).
     """
     path = Path(path)
     names = sorted(tensors)

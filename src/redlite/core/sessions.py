@@ -35,6 +35,7 @@ from typing import Any, Hashable, Sequence
 from redlite.core.parking import (Candidate, ParkedCheckpoint, ParkedEntry,
                                   candidates_from_index, tensor_nbytes)
 from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
+from redlite.core.private_files import open_private
 from redlite.core.reuse import common_prefix_length
 from redlite.core.session_dir import (REJECTED, SESSION_NAME, TEMP_NAME, Owners,
                                       prepare_session_dir)
@@ -157,7 +158,7 @@ class SessionStore:
 
     def __init__(self, directory: str | os.PathLike, expected: Expected, *, min_tokens: int = 512,
                  keep: int = 12, max_bytes: int = 20 << 30, block: int = DEFAULT_BLOCK,
-                 opener=None, clock=time.time) -> None:
+                 opener=open_private, clock=time.time) -> None:
         self.directory = Path(directory)
         self.expected = expected
         self.min_tokens, self.keep, self.max_bytes = int(min_tokens), int(keep), int(max_bytes)
@@ -353,8 +354,7 @@ class SessionStore:
                 log.info("evicted %d tok reason=session-bounds (not saved: older or larger than "
                          "the kept files)", len(ids))
                 return None
-            extra = {} if self._opener is None else {"opener": self._opener}
-            size = write_state_file(self.directory / name, meta, tensors, **extra)
+            size = write_state_file(self.directory / name, meta, tensors, opener=self._opener)
             os.utime(self.directory / name, (last_used, last_used))  # mtime = last use
         except (OSError, TypeError, ValueError) as error:
             log.warning("save failed %d tok reason=%s (%s)", len(ids),
