@@ -91,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "(repeatable; none by default)")
     serve.add_argument("--echo-delay-ms", type=float, default=0.0, help="echo engine: delay per decoded token")
     serve.add_argument("--echo-no-rewind", action="store_true", help="echo engine: behave like a recurrent model")
+    serve.add_argument("--tool-parser", default=None, choices=["hermes", "qwen3_coder", "llama3_json"],
+                       help="tool-call format of the output (default: detected from the chat template)")
+    serve.add_argument("--reasoning-parser", default=None, choices=["qwen3", "none"],
+                       help="reasoning markup of the output (default: qwen3 when the chat template "
+                            "mentions <think>, else none)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return parser
 

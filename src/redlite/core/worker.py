@@ -36,8 +36,9 @@ class ShuttingDown(Exception):
 
 @dataclass
 class Event:
-    """What a job produces, in order: ``started`` once, ``text`` deltas, then ``done`` (value: a
-    GenerationResult) or ``error`` (value: the exception)."""
+    """What a job produces, in order: ``started`` once, ``output`` events (value: an
+    :class:`redlite.core.chat.OutputEvent`), then ``done`` (value: a GenerationResult) or
+    ``error`` (value: the exception)."""
 
     kind: str
     value: Any = None
@@ -126,7 +127,7 @@ class EngineWorker:
                 if isinstance(item, GenerationResult):
                     job.deliver(Event("done", item))
                 else:
-                    job.deliver(Event("text", item))
+                    job.deliver(Event("output", item))
         except Exception as error:  # the request fails; the server keeps serving
             log.exception("%s failed", job.request.request_id)
             job.deliver(Event("error", error))

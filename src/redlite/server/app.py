@@ -27,8 +27,13 @@ from redlite.core.tokenizer import Tokenizer
 from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams
 from redlite.server.access import AccessMiddleware, context_of
+from redlite.server.chat_service import ChatService
 from redlite.server.errors import APIError, as_api_error, error_body, surface_of
 from redlite.server.limits import BodyLimitMiddleware
+from redlite.server.openai_chat import chat_request_of, stream_chunks
+from redlite.server.openai_chat import completion_body as chat_completion_body
+from redlite.server.anthropic import mount_anthropic_routes
+from redlite.server.responses import mount_responses_routes
 from redlite.server.openapi import install_openapi
 from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                                     unsupported_field)
@@ -52,6 +57,9 @@ class ServerState:
     retry_after_s: int = 1
     slots: Any = None  # redlite.server.slots.SlotService; None: the slot API answers 501
     security: SecurityOptions = field(default_factory=SecurityOptions)
+    chat_options: Any = None  # redlite.server.chat_service.ChatOptions (--tool-parser ...)
+    chat: Any = None  # the ChatService every chat adapter calls (made by create_app when None)
+    ping_interval_s: float = 5.0  # Anthropic streams: a ping after this long without output
 
 
 def _param_of(loc: tuple) -> str | None:
@@ -101,6 +109,9 @@ def create_app(state: ServerState) -> FastAPI:
                            expose_headers=["x-request-id", "retry-after"])
     app.add_middleware(AccessMiddleware)
     tokenizer_lock = threading.Lock()
+    if state.chat is None:
+        state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
+                                 state.chat_options, tokenizer_lock)
 
     def respond(request: Request, error: APIError) -> JSONResponse:
         return error.response(surface_of(request.url.path), context_of(request.scope).request_id)
@@ -163,23 +174,19 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _parse(request, ChatCompletionRequest)
-        stop = stops_of(body)
-        messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()}
-                    for m in body.messages]
-
-        def render():
-            with tokenizer_lock:
-                return state.tokenizer.render_chat(messages)
-        try:
-            rendered = await asyncio.to_thread(render)
-        except Exception as error:  # a template that rejects the conversation
-            raise _render_error(request, error) from None
-        check_length(rendered.token_ids, "messages")
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        generation = GenerationRequest(rendered.token_ids, max_tokens, sampling_of(body), stop,
-                                       rendered.message_ends,
+        chat_request = chat_request_of(body, sampling_of(body), stops_of(body),
                                        f"chatcmpl-{context_of(request.scope).hex}")
-        return await _serve(request, body, generation, chat=True)
+        stream = await state.chat.start(chat_request, request)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_chunks(stream, state.model_id, include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            result = await stream.collect(request)
+        finally:
+            stream.cancel()
+        return chat_completion_body(stream, state.model_id, result)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -240,18 +247,10 @@ def create_app(state: ServerState) -> FastAPI:
         return await _collect(request, job, events, meta)
 
     mount_slot_routes(app, state)
+    mount_anthropic_routes(app, state)
+    mount_responses_routes(app, state)
     install_openapi(app, state)
     return app
-
-
-def _render_error(request: Request, error: Exception) -> APIError:
-    """400 for a conversation the chat template refuses: the template's own message (jinja2's
-    ``raise_exception``) is meant for the client; anything else only goes to the log."""
-    if type(error).__module__.split(".")[0] == "jinja2":
-        return APIError(400, f"cannot render the conversation: {error}", "messages")
-    log.warning("%s cannot render the conversation: %s: %s", context_of(request.scope).request_id,
-                type(error).__name__, error)
-    return APIError(400, "cannot render the conversation", "messages")
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
@@ -310,8 +309,8 @@ async def _collect(request: Request, job: Job, events: asyncio.Queue, meta: dict
     try:
         while True:
             event = await events.get()
-            if event.kind == "text":
-                pieces.append(event.value)
+            if event.kind == "output":
+                pieces.append(event.value.value)
             elif event.kind == "done":
                 if event.value.finish_reason == "cancelled":
                     # the client is still here, so the server is stopping: the answer is cut

@@ -19,10 +19,12 @@ import uvicorn
 from redlite.core.conversations import Conversations
 from redlite.core.generation import Generator, GeneratorSettings
 from redlite.core.parking import ParkingPool
+from redlite.core.session_dir import SessionDirError, prepare_session_dir
 from redlite.core.private_files import make_private_dir
 from redlite.core.sessions import SessionStore, expected_for
 from redlite.core.worker import EngineWorker
 from redlite.server.app import ServerState, create_app
+from redlite.server.chat_service import ChatOptions
 from redlite.server.security import security_from_args
 from redlite.server.slots import SlotService
 from redlite.server.http_protocol import HeaderTimeoutProtocol
@@ -120,6 +122,12 @@ def serve(args: argparse.Namespace) -> int:
     except OSError as error:
         log.error("cannot listen on %s:%d: %s", args.host, args.port, error)
         return 1
+    try:  # a session directory that cannot be used fails now, not after the model loads
+        if args.session_dir:
+            prepare_session_dir(args.session_dir)
+    except SessionDirError as error:
+        log.error("%s", error)
+        return 1
     started = time.perf_counter()
     engine, tokenizer = build_engine(args)
     log.info("engine %s model %s context %d tokens, loaded in %.2f s", args.engine,
@@ -138,7 +146,8 @@ def serve(args: argparse.Namespace) -> int:
         slots = SlotService(Path(args.slot_save_path), worker, expected)
     state = ServerState(worker, tokenizer, engine.model_id, engine.max_context,
                         max_body_bytes=int(args.max_body_mib * (1 << 20)),
-                        body_timeout_s=args.body_timeout_s, slots=slots, security=security)
+                        body_timeout_s=args.body_timeout_s, slots=slots, security=security,
+                        chat_options=ChatOptions(args.tool_parser, args.reasoning_parser))
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port,
                             log_level="warning", timeout_graceful_shutdown=3,
                             http=HeaderTimeoutProtocol)

@@ -4,8 +4,7 @@ Field meanings follow the OpenAI API reference; ``top_k`` and ``min_p`` are the 
 extensions. Types are strict, as the OpenAI API's are: ``"stream": "yes"``,
 ``"max_tokens": "10"`` or ``"prompt": [true]`` are 400s, never coerced (an integer is accepted
 where a number is expected). Fields other OpenAI-compatible servers accept without effect
-(``user``, ``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``,
-``parallel_tool_calls``...) are accepted and ignored. Standard fields this server does not
+(``user``, ``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``...) are accepted and ignored. Standard fields this server does not
 implement are listed in :data:`UNSUPPORTED_FIELDS`: used with any value but their "off" values,
 they are a 400 naming the field, never silently ignored.
 """
@@ -64,8 +63,6 @@ UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
     "presence_penalty": Unsupported((None, 0), "presence_penalty"),
     "frequency_penalty": Unsupported((None, 0), "frequency_penalty"),
     "response_format": Unsupported((None, {"type": "text"}), "response_format"),
-    "tools": Unsupported((None, []), "tools (function calling)"),
-    "tool_choice": Unsupported((None, "none", "auto"), "tool_choice"),
     "functions": Unsupported((None, []), "functions (function calling)"),
     "function_call": Unsupported((None, "none", "auto"), "function_call"),
 }
@@ -128,12 +125,67 @@ class MediaPart(BaseModel):
         raise PydanticCustomError("unsupported_content", f"this model does not accept {kind}")
 
 
+class FunctionCall(BaseModel):
+    """``function`` of an assistant tool call: ``arguments`` is JSON text."""
+
+    model_config = _STRICT
+    name: StrictStr
+    arguments: StrictStr = "{}"
+
+
+class ToolCallIn(BaseModel):
+    """An assistant message's ``tool_calls`` item."""
+
+    model_config = _STRICT
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionTool(BaseModel):
+    """``function`` of a tool: a name, a description and JSON-schema ``parameters``."""
+
+    model_config = _STRICT
+    name: Annotated[StrictStr, StringConstraints(min_length=1)]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    """A ``tools`` item (only ``type: "function"``)."""
+
+    model_config = _STRICT
+    type: Literal["function"]
+    function: FunctionTool
+
+
+class NamedFunction(BaseModel):
+    model_config = _STRICT
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    """``{"type": "function", "function": {"name": ...}}``: that function must be called."""
+
+    model_config = _STRICT
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class Message(BaseModel):
-    """A chat message; ``content`` is a string, a list of text parts, or null (assistant)."""
+    """A chat message; ``content`` is a string, a list of text parts, or null (assistant).
+    Assistant messages may carry ``tool_calls`` and ``reasoning_content`` / ``reasoning``;
+    ``tool`` messages carry ``tool_call_id``."""
 
     model_config = _STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextPart | SkipJsonSchema[MediaPart]] | None = None
+    name: StrictStr | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
+    reasoning: StrictStr | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -184,6 +236,12 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int_in(ge=1) | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: StrictBool | None = None
+    response_format: dict[str, Any] | None = None
 
 
 def _prompt_kind(value: Any) -> str:
