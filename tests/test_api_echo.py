@@ -80,7 +80,7 @@ def test_completion_with_token_ids(echo_server):
     ({"n": 2}, "n"),
     ({"stop": 5}, "stop"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"stop": [""]}, "stop"),
+    ({"stop": [""]}, "stop.0"),
     ({"stop": "x" * 257}, "stop"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),

@@ -26,7 +26,7 @@ from redlite.core.stop import normalize_stop
 from redlite.core.tokenizer import Tokenizer
 from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams
-from redlite.server.access import AccessMiddleware, context_of
+from redlite.server.access import AccessMiddleware, context_of, note_event
 from redlite.server.chat_service import ChatService
 from redlite.server.errors import APIError, as_api_error, error_body, surface_of
 from redlite.server.limits import BodyLimitMiddleware
@@ -63,15 +63,13 @@ class ServerState:
 
 
 def _param_of(loc: tuple) -> str | None:
-    """The dotted request field of a pydantic error location (``messages.0.role``): union
-    member tags that pydantic puts in ``loc`` (``str``, ``list[int]``, ``constrained-str``,
-    model class names) are dropped, and so are trailing list indices (``stop.0`` -> ``stop``,
-    ``messages.0.content.1`` -> ``messages.0.content``): the param names a field."""
+    """The dotted request field of a pydantic error location (``messages.0.content.1``,
+    ``stop.0``): union member tags that pydantic puts in ``loc`` (``str``, ``list[int]``,
+    ``constrained-str``, model class names) are dropped; field names are snake_case
+    identifiers or list indices."""
     parts = [str(p) for p in loc if p != "body"]
     parts = [p for p in parts if not ("[" in p or "-" in p or p[:1].isupper()
                                       or p in _TYPE_TAGS)]
-    while parts and parts[-1].isdigit():
-        parts.pop()
     return ".".join(parts) or None
 
 
@@ -215,13 +213,9 @@ def create_app(state: ServerState) -> FastAPI:
                      chat: bool) -> Any:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        context = context_of(request.scope)
 
         def deliver(event: Event) -> None:
-            if event.kind == "done":  # for the access log
-                result = event.value
-                context.tokens = (result.prompt_tokens, result.cached_tokens,
-                                  result.completion_tokens)
+            note_event(request.scope, event)  # token counts for the access log
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         job = Job(generation, deliver)
