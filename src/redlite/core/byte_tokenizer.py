@@ -45,6 +45,7 @@ class ByteTokenizer:
 
     vocab_size = VOCAB_SIZE
     eos_token_ids = frozenset({END})
+    max_token_chars = max(len(s) for s in SPECIAL_TOKENS)  # a byte is at most one character
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
@@ -59,7 +60,7 @@ class ByteTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: list[dict]) -> RenderedPrompt:
+    def render_chat(self, messages: list[dict], **template_kwargs) -> RenderedPrompt:
         ids: list[int] = []
         ends: list[int] = []
         for message in messages:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.stop import normalize_stop
-from redlite.core.tokenizer import Tokenizer
+from redlite.core.tokenizer import PromptTooLong, Tokenizer, min_prompt_tokens
 from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams
 from redlite.server.errors import APIError, as_api_error, error_body, error_response
@@ -63,7 +62,9 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.server = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes,
                        timeout_s=state.body_timeout_s)
-    tokenizer_lock = threading.Lock()
+    # No lock around the tokenizer: rendering and tokenizing are thread-safe (Jinja templates,
+    # tokenizers' Rust encoder), so a long render never holds up another request's.
+    max_token_chars = getattr(state.tokenizer, "max_token_chars", None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -110,11 +111,20 @@ def create_app(state: ServerState) -> FastAPI:
         messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()}
                     for m in body.messages]
 
+        at_least = min_prompt_tokens((m["content"] for m in messages), max_token_chars)
+        if at_least > state.max_context:  # refused before any rendering work
+            raise APIError(400, f"the prompt has at least {at_least} tokens, more than the context "
+                           f"of {state.max_context} tokens", "messages", "context_length_exceeded")
+
         def render():
-            with tokenizer_lock:
-                return state.tokenizer.render_chat(messages)
+            rendered = state.tokenizer.render_chat(messages)
+            if len(rendered.token_ids) <= state.max_context:
+                _ = rendered.message_ends  # computed here, off the event loop; never for a 400
+            return rendered
         try:
             rendered = await asyncio.to_thread(render)
+        except PromptTooLong as error:
+            raise APIError(400, str(error), "messages", "context_length_exceeded") from None
         except Exception as error:  # a template that rejects the conversation
             raise APIError(400, f"cannot render the conversation: {error}", "messages") from None
         check_length(rendered.token_ids, "messages")
@@ -133,10 +143,12 @@ def create_app(state: ServerState) -> FastAPI:
                 raise APIError(400, "only one prompt per request is supported", "prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            def encode():
-                with tokenizer_lock:
-                    return state.tokenizer.encode(prompt)
-            ids = await asyncio.to_thread(encode)
+            at_least = min_prompt_tokens([prompt], max_token_chars)
+            if at_least > state.max_context:
+                raise APIError(400, f"the prompt has at least {at_least} tokens, more than the "
+                               f"context of {state.max_context} tokens", "prompt",
+                               "context_length_exceeded")
+            ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
         else:
             ids = list(prompt)
             if any(t < 0 or t >= state.tokenizer.vocab_size for t in ids):
@@ -178,9 +190,14 @@ def create_app(state: ServerState) -> FastAPI:
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
     """Parse the JSON body (whatever its content type, as llama.cpp does) into ``model``;
-    raise a 400 APIError naming the offending field."""
+    raise a 400 APIError naming the offending field. Decoding and validation run in a worker
+    thread: a body of thousands of messages must not stall the event loop (other requests)."""
+    return await asyncio.to_thread(_decode, await request.body(), model)
+
+
+def _decode(raw: bytes, model: type[BaseModel]) -> Any:
     try:
-        data = json.loads(await request.body())
+        data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise APIError(400, "request body is not valid JSON") from None
     if not isinstance(data, dict):

@@ -119,6 +119,8 @@ def serve(args: argparse.Namespace) -> int:
              engine.model_id, engine.max_context, time.perf_counter() - started)
     settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
                                  checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)))
+    if hasattr(tokenizer, "prompt_limit"):
+        tokenizer.prompt_limit = engine.max_context  # refuse provably long chats before tokenizing
     generator = Generator(engine, tokenizer, settings)
     # what saved files must match (fingerprints the weights: only when files are used)
     expected = expected_for(engine) if args.session_dir or args.slot_save_path else None
