@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--body-timeout-s", type=float, default=30.0, help="time-out between body chunks")
     serve.add_argument("--header-timeout-s", type=float, default=10.0, help="time-out for a request's headers")
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one")
+    serve.add_argument("--prefill-chunk", type=int, default=512,
+                       help="most prompt tokens per prefill step; a request that is cancelled "
+                            "(client gone, shutdown) stops between steps")
+    serve.add_argument("--max-tokens", type=int, default=4096,
+                       help="server-side cap on the tokens generated for any request (0: none)")
     serve.add_argument("--no-reuse", action="store_true", help="never reuse held state (every plan resets)")
     serve.add_argument("--checkpoint-interval", type=int, default=1024, help="tokens between checkpoints in long prefills")
     serve.add_argument("--checkpoint-mib", type=float, default=512.0,
@@ -67,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--slot-save-path", default=None,
                        help="directory of the llama.cpp-style slot API's files (API off when not given)")
     serve.add_argument("--echo-delay-ms", type=float, default=0.0, help="echo engine: delay per decoded token")
+    serve.add_argument("--echo-prefill-delay-ms", type=float, default=0.0,
+                       help="echo engine: delay per prefilled token")
     serve.add_argument("--echo-no-rewind", action="store_true", help="echo engine: behave like a recurrent model")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return parser

@@ -58,7 +58,8 @@ def build_engine(args: argparse.Namespace):
         from redlite.core.byte_tokenizer import ByteTokenizer
         from redlite.engine.echo import EchoEngine
         engine = EchoEngine(can_rewind=not args.echo_no_rewind,
-                            max_context=args.ctx_size or 1 << 20, delay_ms=args.echo_delay_ms)
+                            max_context=args.ctx_size or 1 << 20, delay_ms=args.echo_delay_ms,
+                            prefill_delay_ms=args.echo_prefill_delay_ms)
         return engine, ByteTokenizer()
     from redlite.engine.factory import load_engine
     return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype)
@@ -118,7 +119,9 @@ def serve(args: argparse.Namespace) -> int:
     log.info("engine %s model %s context %d tokens, loaded in %.2f s", args.engine,
              engine.model_id, engine.max_context, time.perf_counter() - started)
     settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
-                                 checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)))
+                                 checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)),
+                                 prefill_chunk=max(1, args.prefill_chunk),
+                                 max_tokens=args.max_tokens if args.max_tokens > 0 else None)
     if hasattr(tokenizer, "prompt_limit"):
         tokenizer.prompt_limit = engine.max_context  # refuse provably long chats before tokenizing
     generator = Generator(engine, tokenizer, settings)
