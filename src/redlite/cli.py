@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--echo-delay-ms", type=float, default=0.0, help="echo engine: delay per decoded token")
     serve.add_argument("--echo-prefill-delay-ms", type=float, default=0.0,
                        help="echo engine: delay per prefilled token")
+    serve.add_argument("--echo-snapshot-delay-ms", type=float, default=0.0,
+                       help="echo engine: delay per state copy (parking, saving)")
     serve.add_argument("--echo-no-rewind", action="store_true", help="echo engine: behave like a recurrent model")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return parser
@@ -85,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
+        from redlite.server.shutdown import Stopper
+        stopper = Stopper()
+        stopper.install()  # before the heavy imports: a signal while starting exits with 0
         from redlite.server.run import serve
-        return serve(args)
+        return serve(args, stopper)
     return 2
 
 

@@ -20,6 +20,7 @@ raises into the request: failures are logged and end in a consistent (possibly e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Hashable
@@ -250,13 +251,18 @@ class Conversations:
 
     # --- stop --------------------------------------------------------------------------------
 
-    def save_all(self, gen: "Generator") -> int:
-        """Normal stop: write the live conversation and every RAM entry big enough to disk.
-        Returns the files written or found identical. Call with the engine idle."""
+    def save_all(self, gen: "Generator", live: bool = True, should_stop=None,
+                 guard=contextlib.nullcontext) -> int:
+        """Stop: write the live conversation (when ``live``: the engine is idle; and only when
+        consistent) and every RAM entry big enough to disk, newest first. ``should_stop()``
+        (optional) is asked before each file: True ends the saving (a second signal); each
+        file is written inside ``guard()`` (a context manager: the process does not end
+        while a file is being written). Returns the files written or found identical."""
         if self.sessions is None:
             return 0
         entries: list[ParkedEntry] = []
-        if not gen.failed and self.sessions.eligible(len(gen.held_ids)):
+        consistent = not gen.failed and len(gen.held_ids) == gen.engine.n_past
+        if live and consistent and self.sessions.eligible(len(gen.held_ids)):
             try:
                 entries.append(capture(gen, "live", self._clock()))
             except Exception as error:
@@ -265,8 +271,11 @@ class Conversations:
         if self.pool is not None:
             entries += sorted(self.pool.entries(), key=lambda e: -e.last_used)
         saved = 0
-        for entry in entries:
-            if self.sessions.save(entry, supersede=gen.engine.can_rewind) is not None:
-                saved += 1
+        for done, entry in enumerate(entries):
+            if should_stop is not None and should_stop():
+                log.info("stop: %d conversations not saved (stopping at once)", len(entries) - done)
+                break
+            with guard():
+                if self.sessions.save(entry, supersede=gen.engine.can_rewind) is not None:
+                    saved += 1
         return saved
-
