@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, prefill_split_points
-from redlite.core.reuse import Action, ReusePlan, plan_reuse
-from redlite.core.stop import StopScanner
+from redlite.core.divergence import describe_divergence
+from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
+from redlite.core.chat import ChatOutput, OutputEvent
+from redlite.core.output_scanner import OutputScanner, ParseOptions
 from redlite.core.tokenizer import Tokenizer
 from redlite.engine.base import Engine, EngineError, SamplingParams
 
@@ -32,6 +34,7 @@ class GenerationRequest:
     prompt_ids: the full prompt (len >= 1, <= the engine's max_context). message_ends: message
     boundary positions (tokens) of a chat prompt, for checkpoints. max_tokens: the most tokens to
     generate (None: until end of turn or a full context). stop: validated stop strings.
+    parse: how the output is split into content / reasoning / tool calls (None: all content).
     """
 
     prompt_ids: list[int]
@@ -41,6 +44,7 @@ class GenerationRequest:
     message_ends: list[int] = field(default_factory=list)
     request_id: str = "req"
     cancelled: threading.Event = field(default_factory=threading.Event)
+    parse: ParseOptions | None = None
 
 
 @dataclass
@@ -57,7 +61,8 @@ class EngineTask(GenerationRequest):
 @dataclass
 class GenerationResult:
     """The end of a generation. finish_reason: ``stop`` (end of turn or a stop sequence),
-    ``length`` (max_tokens or a full context) or ``cancelled`` (client gone, shutdown)."""
+    ``length`` (max_tokens or a full context) or ``cancelled`` (client gone, shutdown).
+    output: the parsed answer (its finish_reason may be ``tool_calls``)."""
 
     finish_reason: str
     prompt_tokens: int
@@ -66,6 +71,7 @@ class GenerationResult:
     ttft_ms: float
     decode_tokens_per_s: float
     plan: ReusePlan
+    output: ChatOutput = field(default_factory=ChatOutput)
 
 
 @dataclass
@@ -100,6 +106,8 @@ class Generator:
         # Candidate selection among the live and parked conversations (redlite.core.conversations
         # .Conversations); None: the live state is the only candidate.
         self.parking = None
+        # where the last generated answer starts in held_ids (for the cache-miss explanation)
+        self._answer_start: int | None = None
 
     # --- planning and executing --------------------------------------------------------------
 
@@ -166,8 +174,9 @@ class Generator:
 
     # --- the generation loop ------------------------------------------------------------------
 
-    def run(self, request: GenerationRequest) -> Iterator[str | GenerationResult]:
-        """Yield text deltas (str), then one :class:`GenerationResult`.
+    def run(self, request: GenerationRequest) -> Iterator[OutputEvent | GenerationResult]:
+        """Yield :class:`OutputEvent` s (content / reasoning / tool-call pieces, from the
+        :class:`OutputScanner`), then one :class:`GenerationResult`.
 
         Raises EngineError / any engine exception; the history is then marked failed so the next
         request resets (the held ids may no longer match the engine state).
@@ -187,6 +196,9 @@ class Generator:
             self.parking.select(self, prompt, request.request_id)
         plan = self.plan(prompt)
         if (line := plan.miss_line()) is not None:
+            if plan.reason is MissReason.TOKEN_MISMATCH:
+                line += " " + describe_divergence(self.tokenizer, self.held_ids, prompt, plan.common,
+                                                  self._answer_start)
             log.info("%s %s", request.request_id, line)
         logits, complete = self._execute(plan, request)
         ttft_ms = (self._clock() - started) * 1000.0
@@ -201,9 +213,11 @@ class Generator:
         max_tokens = request.max_tokens
         if self.settings.max_tokens is not None:  # the server-side cap (--max-tokens)
             max_tokens = min(max_tokens or self.settings.max_tokens, self.settings.max_tokens)
+        # the answer's region starts where the template's generation prompt does
+        self._answer_start = request.message_ends[-1] if request.message_ends else len(prompt)
         sampler = self.engine.make_sampler(request.sampling)
         decoder = self.tokenizer.incremental_decoder()
-        scanner = StopScanner(request.stop)
+        scanner = OutputScanner(request.stop, request.parse)
         eos = self.tokenizer.eos_token_ids
         generated = 0
         finish = "length"
@@ -217,9 +231,8 @@ class Generator:
                 finish = "stop"
                 break
             generated += 1
-            text, stopped = scanner.push(decoder.push(token))
-            if text:
-                yield text
+            events, stopped = scanner.push(decoder.push(token))
+            yield from events
             if stopped:
                 finish = "stop"
                 break
@@ -235,15 +248,14 @@ class Generator:
             self.held_ids.append(token)
             self.failed = False
         if not scanner.stopped:
-            tail, _ = scanner.push(decoder.flush())
-            if not scanner.stopped:
-                tail += scanner.flush()
-            if scanner.stopped:
+            events, stopped = scanner.push(decoder.flush())
+            yield from events
+            if stopped:
                 finish = "stop"
-            if tail:
-                yield tail
+        events, output = scanner.finish(finish)
+        yield from events
         elapsed = self._clock() - decode_started
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
                  request.request_id, generated, rate, finish, len(self.held_ids))
-        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan)
+        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan, output)

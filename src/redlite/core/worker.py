@@ -42,8 +42,9 @@ CUT_OFF = "server is shutting down; the answer was cut off"
 
 @dataclass
 class Event:
-    """What a job produces, in order: ``started`` once, ``text`` deltas, then ``done`` (value: a
-    GenerationResult) or ``error`` (value: the exception)."""
+    """What a job produces, in order: ``started`` once, ``output`` events (value: an
+    :class:`redlite.core.chat.OutputEvent`), then ``done`` (value: a GenerationResult) or
+    ``error`` (value: the exception)."""
 
     kind: str
     value: Any = None
@@ -141,7 +142,7 @@ class EngineWorker:
                 if isinstance(item, GenerationResult):
                     _send(job, Event("done", item))
                 else:
-                    _send(job, Event("text", item))
+                    _send(job, Event("output", item))
         except Exception as error:  # the request fails; the server keeps serving
             log.exception("%s failed", job.request.request_id)
             _send(job, Event("error", error))

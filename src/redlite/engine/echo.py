@@ -2,8 +2,8 @@
 
 Tokens are UTF-8 bytes (see :mod:`redlite.core.byte_tokenizer`). The engine "generates" by
 echoing a chosen byte string: at the end of a prefill it takes as *source* the content of the
-last user message in the held sequence (the bytes between the last ``<|user|>`` and the next
-``<|end|>``), or the whole held byte sequence when there is no ``<|user|>`` token; the k-th
+last user or tool message in the held sequence (the bytes between the last ``<|user|>`` or
+``<|tool|>`` and the next ``<|end|>``), or the whole held byte sequence when there is no ``<|user|>`` token; the k-th
 generated token is the k-th source byte, then ``<|end|>``. So the output is a function of the
 held token ids alone: a warm (reused) and a cold state give the same answer, as with a model.
 
@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from redlite.core.byte_tokenizer import END, USER, VOCAB_SIZE
+from redlite.core.byte_tokenizer import END, TOOL, USER, VOCAB_SIZE
 from redlite.engine.base import (Checkpoint, Engine, EngineError, Sampler, SamplingParams,
                                  StateSnapshot)
 
@@ -99,9 +99,8 @@ class EchoEngine(Engine):
 
     @staticmethod
     def _compute_source(held: list[int]) -> bytes:
-        try:
-            start = len(held) - 1 - held[::-1].index(USER)
-        except ValueError:
+        start = next((i for i in range(len(held) - 1, -1, -1) if held[i] in (USER, TOOL)), None)
+        if start is None:
             return bytes(t for t in held if t < 256)
         content = []
         for token in held[start + 1:]:
