@@ -48,7 +48,7 @@ def run(gen, messages=MESSAGES, **fields):
         gen.engine.request = request
     out = list(gen.run(request))
     assert isinstance(out[-1], GenerationResult)
-    return "".join(out[:-1]), out[-1]
+    return "".join(event.value for event in out[:-1]), out[-1]
 
 
 @pytest.mark.parametrize("can_rewind", [True, False])
