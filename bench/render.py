@@ -2,12 +2,14 @@
 
 With the bundled model's tokenizer and chat template (SmolLM2, ChatML):
 1. ``render_chat`` (render, tokenize, message boundaries) for 10, 100, 1,000 and 10,000 tiny
-   messages, and for a ~200-message, ~30k-token agent conversation with tool calls and results;
+   messages, and for a ~200-message, ~30k-token agent conversation with tool calls and results,
+   cold (pieces never tokenized before) and warm (the conversation resent);
 2. against a real ``redlite serve`` (torch engine, bundled model, default context): the time until
    each of those conversations is answered (a 400 when it does not fit the context), and the delay
    a small request (``max_tokens`` 1) suffers when sent while the 10,000-message request is being
    handled, against the same small request alone.
-Prints a table and saves JSON under bench/results/.
+Prints a table and saves JSON under bench/results/ (with the machine's load average: the
+figures are only comparable on an otherwise idle machine).
 
 Usage: PYTHONPATH=src .venv/bin/python bench/render.py [--runs 5] [--no-server]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -38,31 +41,45 @@ def tiny(n: int) -> list[dict]:
 
 
 def agent_conversation(turns: int = 66) -> list[dict]:
-    """A coding-agent transcript: system prompt, task, then per turn an assistant message that
-    calls a tool, the tool's result (source text), and a short assistant comment."""
+    """A coding-agent transcript (~200 messages, ~30k tokens with the bundled tokenizer):
+    system prompt, task, then per turn an assistant message calling a tool (OpenAI
+    ``tool_calls``, its text also in the content since the bundled template ignores the
+    field), the tool's result (source text) and a short assistant comment."""
     code = "\n".join(f"def handler_{k}(request, retries=3):\n    return process(request, k={k})"
-                     for k in range(9))
+                     for k in range(15))
     messages = [{"role": "system", "content": "You are a coding agent. Use the tools to read and "
                  "edit files. " * 20},
                 {"role": "user", "content": "The tests in tests/test_api.py fail; find and fix the bug."}]
     for t in range(turns):
-        call = json.dumps({"name": "read_file", "arguments": {"path": f"src/module_{t}.py"}})
-        messages.append({"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"})
-        messages.append({"role": "tool", "content": f"# src/module_{t}.py\n{code}"})
+        arguments = json.dumps({"path": f"src/module_{t}.py"})
+        call = {"id": f"call_{t}", "type": "function",
+                "function": {"name": "read_file", "arguments": arguments}}
+        messages.append({"role": "assistant", "tool_calls": [call],
+                         "content": f'<tool_call>\n{{"name": "read_file", "arguments": {arguments}}}\n</tool_call>'})
+        messages.append({"role": "tool", "tool_call_id": f"call_{t}", "content": f"# src/module_{t}.py\n{code}"})
         messages.append({"role": "assistant", "content": f"module_{t} looks fine; the handlers "
                          "pass their retries through. Next file."})
     return messages
 
 
-def time_render(tokenizer, messages: list[dict], runs: int) -> tuple[float, int, int]:
-    """(median ms, tokens, message_ends) of render_chat."""
-    times, rendered = [], None
+def time_render(tokenizer, messages: list[dict], runs: int) -> dict:
+    """render_chat (render, tokenize, message boundaries): median ms with an empty piece cache
+    (``cold``: a conversation never seen) and with the pieces cached (``warm``: an agent
+    resending its conversation with one more turn)."""
+    from redlite.loading.segment_encoder import SegmentEncoder
+    times: dict[str, list[float]] = {"cold_ms": [], "warm_ms": [], "cold_cpu_ms": [], "warm_cpu_ms": []}
+    rendered = None
     for _ in range(runs):
-        started = time.perf_counter()
-        rendered = tokenizer.render_chat(messages)
-        _ = rendered.message_ends  # computed on first read
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times), len(rendered.token_ids), len(rendered.message_ends)
+        tokenizer._segments = SegmentEncoder(tokenizer._backend)
+        for kind in ("cold", "warm"):
+            started, cpu = time.perf_counter(), time.process_time()
+            rendered = tokenizer.render_chat(messages)
+            _ = rendered.message_ends  # computed on first read
+            times[f"{kind}_ms"].append((time.perf_counter() - started) * 1000)
+            times[f"{kind}_cpu_ms"].append((time.process_time() - cpu) * 1000)
+    return {"messages": len(messages), "tokens": len(rendered.token_ids),
+            "message_ends": len(rendered.message_ends),
+            **{key: statistics.median(values) for key, values in times.items()}}
 
 
 def post(url: str, messages: list[dict], **fields) -> tuple[int, float]:
@@ -108,13 +125,16 @@ def main() -> None:
     cases = {f"{n} tiny": tiny(n) for n in (10, 100, 1000, 10000)}
     cases["agent"] = agent_conversation()
     render = {}
-    print(f"{'conversation':>14} {'messages':>8} {'tokens':>7} {'ends':>5} {'render+tokenize ms':>19}")
+    print(f"load average {os.getloadavg()[0]:.1f}; wall ms (CPU ms of the process: the work "
+          "itself, whatever else runs)")
+    print(f"{'conversation':>14} {'messages':>8} {'tokens':>7} {'ends':>5} {'cold':>16} {'warm':>16}")
     for name, messages in cases.items():
-        ms, tokens, ends = time_render(tokenizer, messages, args.runs)
-        render[name] = {"messages": len(messages), "tokens": tokens, "message_ends": ends, "ms": ms}
-        print(f"{name:>14} {len(messages):>8} {tokens:>7} {ends:>5} {ms:>19.1f}")
+        row = render[name] = time_render(tokenizer, messages, args.runs)
+        print(f"{name:>14} {row['messages']:>8} {row['tokens']:>7} {row['message_ends']:>5} "
+              f"{row['cold_ms']:>7.1f} ({row['cold_cpu_ms']:>6.1f}) {row['warm_ms']:>7.1f} "
+              f"({row['warm_cpu_ms']:>6.1f})")
     result = {"date": datetime.date.today().isoformat(), "machine": platform.machine(),
-              "runs": args.runs, "render": render}
+              "load_average_1min": os.getloadavg()[0], "runs": args.runs, "render": render}
     if not args.no_server:
         figures = server_figures(cases, args.runs)
         result["server"] = figures

@@ -19,6 +19,8 @@ import re
 import threading
 from typing import Any
 
+import numpy as np
+
 #: pre-tokenizers that treat each piece on its own without adding to its start
 _LOCAL_PRE_TOKENIZERS = {"Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit",
                          "UnicodeScripts", "BertPreTokenizer"}
@@ -49,6 +51,10 @@ def _cut_pattern(backend: Any) -> "re.Pattern[str] | None":
     return re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
 
 
+def _offsets_array(offsets: list) -> np.ndarray:
+    return np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+
+
 class SegmentEncoder:
     """Token ids and char offsets of texts, through cached pieces (thread-safe).
 
@@ -59,7 +65,7 @@ class SegmentEncoder:
         self._backend = backend
         self._cut = _cut_pattern(backend)
         self._max_chars = max_chars
-        self._cache: collections.OrderedDict[str, tuple[list[int], list[tuple[int, int]]]] = \
+        self._cache: collections.OrderedDict[str, tuple[list[int], np.ndarray]] = \
             collections.OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()
@@ -82,16 +88,16 @@ class SegmentEncoder:
         rest = len(text) - special_chars
         return specials + (-(-rest // max_token_chars) if max_token_chars else 0)
 
-    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    def encode(self, text: str) -> tuple[list[int], np.ndarray]:
         """``(ids, offsets)`` of ``text`` without added specials: the ids exactly as
-        ``backend.encode(text, add_special_tokens=False)`` gives them, offsets as (start, end)
-        character positions in ``text``."""
+        ``backend.encode(text, add_special_tokens=False)`` gives them; offsets an int64 array of
+        shape [len(ids), 2], each row the (start, end) character positions in ``text``."""
         if self._cut is None:
             encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
-            return list(encoding.ids), list(encoding.offsets)
+            return list(encoding.ids), _offsets_array(encoding.offsets)
         starts = [0] + [m.start() for m in self._cut.finditer(text) if m.start() > 0]
         pieces = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
-        found: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
+        found: dict[str, tuple[list[int], np.ndarray]] = {}
         with self._lock:
             for piece in pieces:
                 hit = self._cache.get(piece)
@@ -103,14 +109,17 @@ class SegmentEncoder:
             encodings = self._backend.encode_batch(missing, add_special_tokens=False)
             with self._lock:
                 for piece, encoding in zip(missing, encodings):
-                    found[piece] = (list(encoding.ids), list(encoding.offsets))
+                    found[piece] = (list(encoding.ids), _offsets_array(encoding.offsets))
                     self._remember(piece, found[piece])
         ids: list[int] = []
-        offsets: list[tuple[int, int]] = []
-        for start, piece in zip(starts, pieces):
+        parts, counts = [], []
+        for piece in pieces:
             piece_ids, piece_offsets = found[piece]
             ids.extend(piece_ids)
-            offsets.extend((start + a, start + b) for a, b in piece_offsets)
+            parts.append(piece_offsets)
+            counts.append(len(piece_ids))
+        offsets = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
+        offsets += np.repeat(np.asarray(starts, dtype=np.int64), counts)[:, None]
         return ids, offsets
 
     def _remember(self, piece: str, value: tuple) -> None:

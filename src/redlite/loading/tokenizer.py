@@ -8,12 +8,13 @@ chat rendering goes through transformers' ``apply_chat_template`` (the model's J
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from redlite.core.tokenizer import PromptTooLong, RenderedPrompt
 from redlite.loading.message_bounds import message_boundaries
@@ -202,16 +203,12 @@ class HFTokenizer:
             return self._render(msgs, add_generation_prompt=add_generation_prompt, **template_kwargs)
 
         def message_ends() -> list[int]:
-            starts = [start for start, _ in offsets]
-            max_end: list[int] = []
-            running = 0
-            for _, end in offsets:
-                running = max(running, end)
-                max_end.append(running)
+            starts = offsets[:, 0]
+            reach = np.maximum.accumulate(offsets[:, 1]) if len(offsets) else offsets[:, 1]
             ends: list[int] = []
             for chars in message_boundaries(render, messages, text):
-                count = bisect.bisect_left(starts, chars)  # tokens starting before the boundary
-                if count and max_end[count - 1] > chars:  # a token straddles the boundary
+                count = int(np.searchsorted(starts, chars, "left"))  # tokens starting before it
+                if count and reach[count - 1] > chars:  # a token straddles the boundary
                     continue
                 if ends and count <= ends[-1]:
                     continue
