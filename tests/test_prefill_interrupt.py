@@ -45,3 +45,13 @@ def test_bundled_model_prefill_stops_when_the_client_leaves(start_server):
     stopped = int(re.search(r"prefill stopped at (\d+) of", log).group(1))
     again = ask(server.url, words, max_tokens=1, temperature=0, timeout=300).json()
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == stopped
+
+
+def test_server_side_max_tokens_cap(start_server):
+    server = start_server("--max-tokens", "3")
+    for fields in ({}, {"max_tokens": 50}, {"max_completion_tokens": 2}):
+        r = ask(server.url, "a long answer", **fields).json()
+        expected = 2 if fields.get("max_completion_tokens") == 2 else 3
+        assert r["choices"][0]["message"]["content"] == "a long answer"[:expected]
+        assert r["choices"][0]["finish_reason"] == "length"
+        assert r["usage"]["completion_tokens"] == expected
