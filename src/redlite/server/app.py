@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.stop import normalize_stop
-from redlite.core.tokenizer import Tokenizer
+from redlite.core.tokenizer import Tokenizer, min_prompt_tokens
 from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams
 from redlite.server.access import AccessMiddleware, context_of, note_event
@@ -106,10 +105,9 @@ def create_app(state: ServerState) -> FastAPI:
                            allow_headers=["authorization", "content-type", "x-api-key"],
                            expose_headers=["x-request-id", "retry-after"])
     app.add_middleware(AccessMiddleware)
-    tokenizer_lock = threading.Lock()
-    if state.chat is None:
+    if state.chat is None:  # no tokenizer lock: rendering and tokenizing are thread-safe
         state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
-                                 state.chat_options, tokenizer_lock)
+                                 state.chat_options)
 
     def respond(request: Request, error: APIError) -> JSONResponse:
         return error.response(surface_of(request.url.path), context_of(request.scope).request_id)
@@ -196,10 +194,12 @@ def create_app(state: ServerState) -> FastAPI:
                 raise APIError(400, "only one prompt per request is supported", "prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            def encode():
-                with tokenizer_lock:
-                    return state.tokenizer.encode(prompt)
-            ids = await asyncio.to_thread(encode)
+            at_least = min_prompt_tokens([prompt], getattr(state.tokenizer, "max_token_chars", None))
+            if at_least > state.max_context:
+                raise APIError(400, f"the prompt has at least {at_least} tokens, more than the "
+                               f"context of {state.max_context} tokens", "prompt",
+                               "context_length_exceeded")
+            ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
         else:
             ids = list(prompt)
             if any(t < 0 or t >= state.tokenizer.vocab_size for t in ids):
@@ -255,7 +255,8 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
     require_json(request.headers)
     raw = await request.body()
     try:
-        parsed = model.model_validate_json(raw)
+        # in a worker thread: a body of thousands of messages must not stall the event loop
+        parsed = await asyncio.to_thread(model.model_validate_json, raw)
     except ValidationError as error:
         first = _first_error(error)
         if first["type"] == "json_invalid":
