@@ -23,11 +23,17 @@ CONFIG = SchemathesisConfig.from_dict({
 })
 
 # The schema is loaded at collection time (schemathesis parametrizes from it), so the app and
-# its slot folder exist for the whole session; the folder is removed when the process exits.
+# its slot folder are made on import; teardown_module removes them (atexit as a fallback for a
+# run that collects this module without running it).
 _slot_root = Path(tempfile.mkdtemp(prefix="redlite-fuzz-"))
 atexit.register(shutil.rmtree, _slot_root, ignore_errors=True)
 _state = echo_state(slot_dir=_slot_root / "slots")
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(_state), config=CONFIG)
+
+
+def teardown_module(module):
+    _state.worker.shutdown(wait_s=2.0)
+    shutil.rmtree(_slot_root, ignore_errors=True)
 
 
 @schema.parametrize()
