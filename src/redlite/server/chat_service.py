@@ -31,6 +31,7 @@ from redlite.core.tokenizer import PromptTooLong, min_prompt_tokens
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
 from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
 from redlite.server.errors import APIError, as_api_error
+from redlite.server.access import note_event
 
 log = logging.getLogger("redlite.chat")
 
@@ -233,7 +234,13 @@ class ChatService:
         prepared = await self.prepare(request)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        job = Job(prepared.generation, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        scope = getattr(http_request, "scope", None)
+
+        def deliver(event: Event) -> None:
+            note_event(scope, event)  # token counts for the access log
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        job = Job(prepared.generation, deliver)
         try:
             self.worker.submit(job)
         except QueueFull:
