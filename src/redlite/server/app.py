@@ -37,6 +37,7 @@ from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, Sa
                                     unsupported_field)
 from redlite.server.security import SecurityMiddleware, SecurityOptions, require_json
 from redlite.server.slots import mount_slot_routes
+from redlite.server.tokenize_routes import mount_tokenize_routes
 from redlite.server.sse import completion_body, stream_events
 
 log = logging.getLogger("redlite.server")
@@ -242,6 +243,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     mount_slot_routes(app, state)
     install_openapi(app, state)
+    mount_tokenize_routes(app, state, tokenizer_lock)
     return app
 
 
