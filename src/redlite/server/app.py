@@ -245,7 +245,7 @@ def create_app(state: ServerState) -> FastAPI:
     mount_anthropic_routes(app, state)
     mount_responses_routes(app, state)
     install_openapi(app, state)
-    mount_tokenize_routes(app, state, tokenizer_lock)
+    mount_tokenize_routes(app, state)
     return app
 
 

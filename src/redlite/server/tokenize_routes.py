@@ -15,14 +15,13 @@
   would feed the model (template, tools, forced tool-call opening), nothing generated.
 
 Bad input is a 400 in the OpenAI error shape naming ``param``; other fields are ignored, as
-llama.cpp does. Tokenizing runs in a thread under the app's tokenizer lock. The routes' bodies
-and answers are added to ``/openapi.json`` here.
+llama.cpp does. Tokenizing runs in a worker thread (the tokenizers are thread-safe). The
+routes' bodies and answers are added to ``/openapi.json`` here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -84,26 +83,23 @@ def detokenize(tokenizer: Any, body: DetokenizeRequest) -> dict:
     return {"content": tokenizer.decode(body.tokens)}
 
 
-def mount_tokenize_routes(app: FastAPI, state: Any, tokenizer_lock: threading.Lock) -> None:
-    """Add the three routes to ``app`` (``state``: the app's ServerState; ``tokenizer_lock``:
-    the lock every use of ``state.tokenizer`` takes) and their documentation."""
+def mount_tokenize_routes(app: FastAPI, state: Any) -> None:
+    """Add the three routes to ``app`` (``state``: the app's ServerState) and their
+    documentation."""
     from redlite.server.app import _parse  # the one body parser (400 naming param)
     from redlite.server.openai_chat import chat_request_of
     from redlite.server.schemas import ChatCompletionRequest
 
-    def locked(fn, *args):
-        def run():
-            with tokenizer_lock:
-                return fn(state.tokenizer, *args)
-        return asyncio.to_thread(run)
+    def in_thread(fn, *args):
+        return asyncio.to_thread(fn, state.tokenizer, *args)
 
     @app.post("/tokenize")
     async def tokenize_route(request: Request) -> Any:
-        return await locked(tokenize, await _parse(request, TokenizeRequest))
+        return await in_thread(tokenize, await _parse(request, TokenizeRequest))
 
     @app.post("/detokenize")
     async def detokenize_route(request: Request) -> Any:
-        return await locked(detokenize, await _parse(request, DetokenizeRequest))
+        return await in_thread(detokenize, await _parse(request, DetokenizeRequest))
 
     @app.post("/apply-template")
     async def apply_template_route(request: Request) -> Any:
