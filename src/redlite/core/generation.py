@@ -6,6 +6,12 @@ token is fed back only when another one is decoded after it, so the end-of-turn 
 that hit ``max_tokens`` and the token that completed a stop sequence are not held. The held ids
 and the engine agree at every moment; when a request fails mid-way the history is marked
 untrusted and the next request resets.
+
+A request with ``n`` > 1 runs its choices one after another: each later choice plans against
+the held state of the previous one (prompt + its answer), so the planner rewinds (or restores
+the checkpoint at the prompt's end) and only the answer is recomputed; later choices skip the
+parking step, since the previous choice's answer is not worth keeping. With a seed, choice i
+samples with ``seed + i``.
 """
 
 from __future__ import annotations
@@ -13,14 +19,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, prefill_split_points
 from redlite.core.reuse import Action, ReusePlan, plan_reuse
 from redlite.core.stop import StopScanner
 from redlite.core.tokenizer import Tokenizer
-from redlite.engine.base import Engine, EngineError, SamplingParams
+from redlite.engine.base import Engine, EngineError, SamplingParams, TokenLogprob
 
 log = logging.getLogger("redlite.generation")
 
@@ -32,6 +38,7 @@ class GenerationRequest:
     prompt_ids: the full prompt (len >= 1, <= the engine's max_context). message_ends: message
     boundary positions (tokens) of a chat prompt, for checkpoints. max_tokens: the most tokens to
     generate (None: until end of turn or a full context). stop: validated stop strings.
+    n: how many answers (choices) to generate for the prompt, one after another.
     """
 
     prompt_ids: list[int]
@@ -41,6 +48,7 @@ class GenerationRequest:
     message_ends: list[int] = field(default_factory=list)
     request_id: str = "req"
     cancelled: threading.Event = field(default_factory=threading.Event)
+    n: int = 1
 
 
 @dataclass
@@ -56,8 +64,11 @@ class EngineTask(GenerationRequest):
 
 @dataclass
 class GenerationResult:
-    """The end of a generation. finish_reason: ``stop`` (end of turn or a stop sequence),
-    ``length`` (max_tokens or a full context) or ``cancelled`` (client gone, shutdown)."""
+    """The end of a generation (of one choice). finish_reason: ``stop`` (end of turn or a stop
+    sequence), ``length`` (max_tokens or a full context) or ``cancelled`` (client gone,
+    shutdown). index: the choice (0-based; the request's last choice is ``n - 1``).
+    logprobs: with ``SamplingParams.logprobs`` set, one record per generated token (the
+    end-of-turn token excluded), else None."""
 
     finish_reason: str
     prompt_tokens: int
@@ -66,6 +77,8 @@ class GenerationResult:
     ttft_ms: float
     decode_tokens_per_s: float
     plan: ReusePlan
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -143,11 +156,14 @@ class Generator:
 
     # --- the generation loop ------------------------------------------------------------------
 
-    def run(self, request: GenerationRequest) -> Iterator[str | GenerationResult]:
-        """Yield text deltas (str), then one :class:`GenerationResult`.
+    def run(self, request: GenerationRequest) -> Iterator[str | TokenLogprob | GenerationResult]:
+        """For each of the request's ``n`` choices in turn: yield its text deltas (str), with
+        logprobs on a :class:`TokenLogprob` per generated token before the text it completes,
+        then its :class:`GenerationResult` (``index`` = the choice).
 
         Raises EngineError / any engine exception; the history is then marked failed so the next
-        request resets (the held ids may no longer match the engine state).
+        request resets (the held ids may no longer match the engine state). Raises
+        ``redlite.core.constraints.ConstraintError`` for a grammar llguidance rejects.
         """
         if isinstance(request, EngineTask):
             try:
@@ -155,11 +171,28 @@ class Generator:
             except Exception as error:
                 request.error = error
             return
+        for index in range(max(1, request.n)):
+            if index and request.cancelled.is_set():
+                return
+            yield from self._run_choice(request, index)
+
+    def _make_sampler(self, request: GenerationRequest, index: int):
+        params = request.sampling
+        if index and params.seed is not None:
+            params = replace(params, seed=params.seed + index)
+        matcher = None
+        if params.constraint is not None:
+            from redlite.core.grammar import GrammarMatcher, grammar_tokenizer
+
+            matcher = GrammarMatcher(params.constraint, grammar_tokenizer(self.tokenizer))
+        return self.engine.make_sampler(params, request.prompt_ids, matcher)
+
+    def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
         prompt = request.prompt_ids
         if len(prompt) > self.engine.max_context:
             raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context of {self.engine.max_context}")
         started = self._clock()
-        if self.parking is not None and self.settings.reuse:
+        if self.parking is not None and self.settings.reuse and index == 0:
             # candidate selection: the live state or a parked conversation (never raises)
             self.parking.select(self, prompt, request.request_id)
         plan = self.plan(prompt)
@@ -172,7 +205,8 @@ class Generator:
         log.info("%s prefill %d tok (%d cached) ttft %.1f ms", request.request_id,
                  plan.prefill, plan.keep, ttft_ms)
 
-        sampler = self.engine.make_sampler(request.sampling)
+        sampler = self._make_sampler(request, index)
+        records: list[TokenLogprob] | None = [] if request.sampling.logprobs is not None else None
         decoder = self.tokenizer.incremental_decoder()
         scanner = StopScanner(request.stop)
         eos = self.tokenizer.eos_token_ids
@@ -188,6 +222,9 @@ class Generator:
                 finish = "stop"
                 break
             generated += 1
+            if records is not None and sampler.last_logprob is not None:
+                records.append(sampler.last_logprob)
+                yield sampler.last_logprob
             text, stopped = scanner.push(decoder.push(token))
             if text:
                 yield text
@@ -217,4 +254,5 @@ class Generator:
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
                  request.request_id, generated, rate, finish, len(self.held_ids))
-        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan)
+        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan,
+                               index, records)

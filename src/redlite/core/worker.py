@@ -36,8 +36,10 @@ class ShuttingDown(Exception):
 
 @dataclass
 class Event:
-    """What a job produces, in order: ``started`` once, ``text`` deltas, then ``done`` (value: a
-    GenerationResult) or ``error`` (value: the exception)."""
+    """What a job produces, in order: ``started`` once, ``text`` deltas (with logprobs on, a
+    ``logprob`` event, value a TokenLogprob, before the text of its token), then ``done``
+    (value: a GenerationResult) or ``error`` (value: the exception). A request with ``n`` > 1
+    has one ``done`` per choice (``GenerationResult.index``); its last is ``index == n - 1``."""
 
     kind: str
     value: Any = None
@@ -125,8 +127,10 @@ class EngineWorker:
             for item in self.generator.run(job.request):
                 if isinstance(item, GenerationResult):
                     job.deliver(Event("done", item))
-                else:
+                elif isinstance(item, str):
                     job.deliver(Event("text", item))
+                else:
+                    job.deliver(Event("logprob", item))
         except Exception as error:  # the request fails; the server keeps serving
             log.exception("%s failed", job.request.request_id)
             job.deliver(Event("error", error))

@@ -3,9 +3,17 @@
 Tokens are UTF-8 bytes (see :mod:`redlite.core.byte_tokenizer`). The engine "generates" by
 echoing a chosen byte string: at the end of a prefill it takes as *source* the content of the
 last user message in the held sequence (the bytes between the last ``<|user|>`` and the next
-``<|end|>``), or the whole held byte sequence when there is no ``<|user|>`` token; the k-th
-generated token is the k-th source byte, then ``<|end|>``. So the output is a function of the
-held token ids alone: a warm (reused) and a cold state give the same answer, as with a model.
+``<|end|>``), or the whole held byte sequence when there is no ``<|user|>`` token; it predicts
+the first source byte not yet generated, then ``<|end|>``. A fed token other than the predicted
+one (a grammar mask or a logit bias chose it) does not use up the source byte. So the output is
+a function of the held token ids alone: a warm (reused) and a cold state give the same answer,
+as with a model.
+
+Its logits (:meth:`EchoLogits.scores`) give the predicted token 10, ``<|end|>`` 5, the JSON
+closers ``"`` ``}`` ``]`` 1.0/0.9/0.8 and every other id ``-id/1000``; its sampler applies
+logit bias, penalties and the grammar mask (:class:`~redlite.engine.logit_rules.NumpySampler`)
+and takes the argmax whatever the temperature, so constrained output stays deterministic and
+closes its JSON.
 
 The held state is simulated as a list of token ids. ``can_rewind`` is configurable; without
 rewind the engine offers checkpoints (a copy of its small "recurrent" state and the logits),
@@ -23,22 +31,36 @@ from typing import Sequence
 import numpy as np
 
 from redlite.core.byte_tokenizer import END, USER, VOCAB_SIZE
-from redlite.engine.base import (Checkpoint, Engine, EngineError, Sampler, SamplingParams,
-                                 StateSnapshot)
+from redlite.engine.base import Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot
+from redlite.engine.logit_rules import NumpySampler
 
 FAIL_MARKER = b"FAIL!"
 
 
+_PREFERRED = {ord('"'): 1.0, ord("}"): 0.9, ord("]"): 0.8}
+
+
 @dataclass(frozen=True)
 class EchoLogits:
-    """The echo engine's "logits": the one token it predicts next."""
+    """The echo engine's "logits": the one token it predicts next (see :meth:`scores`)."""
 
     next_token: int
 
+    def scores(self) -> np.ndarray:
+        """float32 [VOCAB_SIZE] logits (see the module docstring)."""
+        x = -np.arange(VOCAB_SIZE, dtype=np.float32) / 1000.0
+        for token, value in _PREFERRED.items():
+            x[token] = value
+        x[END] = 5.0
+        x[self.next_token] = 10.0
+        return x
 
-class _EchoSampler(Sampler):
+
+class _EchoSampler(NumpySampler):
     def sample(self, logits: EchoLogits) -> int:
-        return logits.next_token
+        if not self.params.adjusts_logits and self.constraint is None and self.params.logprobs is None:
+            return logits.next_token
+        return super().sample(logits.scores())
 
 
 class EchoEngine(Engine):
@@ -111,8 +133,9 @@ class EchoEngine(Engine):
             raise EngineError(f"context overflow: {self.n_past} + 1 > {self.max_context}")
         if self.delay_ms:
             time.sleep(self.delay_ms / 1000.0)
+        if self._generated < len(self._source) and token_id == self._source[self._generated]:
+            self._generated += 1
         self._held.append(int(token_id))
-        self._generated += 1
         self.decoded_tokens += 1
         return self._logits()
 
@@ -124,8 +147,9 @@ class EchoEngine(Engine):
         del self._held[n_tokens:]
         # Like a KV cache: the state is the tokens; the next prefill recomputes the source.
 
-    def make_sampler(self, params: SamplingParams) -> Sampler:
-        return _EchoSampler()
+    def make_sampler(self, params: SamplingParams, prompt_ids: Sequence[int] = (),
+                     constraint=None) -> NumpySampler:
+        return _EchoSampler(params, prompt_ids, constraint)
 
     def snapshot(self) -> StateSnapshot:
         return StateSnapshot(
