@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator
+from redlite.engine.base import TokenLogprob
 
 log = logging.getLogger("redlite.worker")
 
@@ -127,10 +128,10 @@ class EngineWorker:
             for item in self.generator.run(job.request):
                 if isinstance(item, GenerationResult):
                     job.deliver(Event("done", item))
-                elif isinstance(item, str):
-                    job.deliver(Event("text", item))
-                else:
+                elif isinstance(item, TokenLogprob):
                     job.deliver(Event("logprob", item))
+                else:
+                    job.deliver(Event("text", item))
         except Exception as error:  # the request fails; the server keeps serving
             log.exception("%s failed", job.request.request_id)
             job.deliver(Event("error", error))

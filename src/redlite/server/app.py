@@ -8,6 +8,7 @@ a generation runs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -21,11 +22,15 @@ from pydantic import BaseModel, ValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from redlite.core.constraints import ConstraintError, build_constraint
 from redlite.core.generation import GenerationRequest, GenerationResult
+from redlite.core.grammar import check_constraint
 from redlite.core.stop import normalize_stop
 from redlite.core.tokenizer import Tokenizer
 from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams
+from redlite.server import completions as completions_route
+from redlite.server import sampling_fields
 from redlite.server.errors import APIError, as_api_error, error_body, error_response
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -84,11 +89,8 @@ def create_app(state: ServerState) -> FastAPI:
             {"id": state.model_id, "object": "model", "created": 0, "owned_by": "redlite",
              "max_model_len": state.max_context}]}
 
-    def sampling_of(body: SamplingFields) -> SamplingParams:
-        return SamplingParams(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0, seed=body.seed)
+    def sampling_of(body: SamplingFields, chat: bool) -> SamplingParams:
+        return sampling_fields.sampling_of(body, state.tokenizer.vocab_size, chat)
 
     def stops_of(body: SamplingFields) -> list[str]:
         try:
@@ -119,9 +121,24 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError(400, f"cannot render the conversation: {error}", "messages") from None
         check_length(rendered.token_ids, "messages")
         max_tokens = body.max_completion_tokens or body.max_tokens
-        generation = GenerationRequest(rendered.token_ids, max_tokens, sampling_of(body), stop,
+        sampling = sampling_of(body, chat=True)
+        if sampling.logprobs is not None or body.n > 1:
+            raise APIError(400, "logprobs and n > 1 are not supported for chat completions yet",
+                           "logprobs" if sampling.logprobs is not None else "n")
+        constraint = await asyncio.to_thread(constraint_of, body.response_format)
+        sampling = dataclasses.replace(sampling, constraint=constraint)
+        generation = GenerationRequest(rendered.token_ids, max_tokens, sampling, stop,
                                        rendered.message_ends, f"chatcmpl-{uuid.uuid4().hex[:24]}")
         return await _serve(request, body, generation, chat=True)
+
+    def constraint_of(response_format: dict | None):
+        try:
+            spec = build_constraint(response_format)
+            if spec is not None:
+                check_constraint(spec, state.tokenizer)
+        except ConstraintError as error:
+            raise APIError(400, str(error), error.param) from None
+        return spec
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -142,9 +159,9 @@ def create_app(state: ServerState) -> FastAPI:
             if any(t < 0 or t >= state.tokenizer.vocab_size for t in ids):
                 raise APIError(400, f"token ids must be in [0, {state.tokenizer.vocab_size})", "prompt")
         check_length(ids, "prompt")
-        generation = GenerationRequest(ids, body.max_tokens, sampling_of(body), stop, [],
-                                       f"cmpl-{uuid.uuid4().hex[:24]}")
-        return await _serve(request, body, generation, chat=False)
+        generation = GenerationRequest(ids, body.max_tokens, sampling_of(body, chat=False), stop, [],
+                                       f"cmpl-{uuid.uuid4().hex[:24]}", n=body.n)
+        return await completions_route.serve(state, request, body, generation)
 
     async def _serve(request: Request, body: SamplingFields, generation: GenerationRequest,
                      chat: bool) -> Any:

@@ -1,14 +1,22 @@
 """Request bodies of the OpenAI API (chat completions, legacy completions), validated by pydantic.
 
-Field meanings follow the OpenAI API reference; ``top_k`` and ``min_p`` are the llama.cpp/vLLM
-extensions. Unknown fields are accepted and ignored, as OpenAI-compatible servers do.
+Field meanings follow the OpenAI API reference; ``top_k``, ``min_p`` and ``repetition_penalty``
+are the llama.cpp/vLLM extensions. ``logprobs`` is a boolean for chat (with ``top_logprobs``)
+and an integer (alternatives per token) for legacy completions; see
+:mod:`redlite.server.sampling_fields`. Unknown fields are accepted and ignored, as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+MAX_CHOICES = 16
+"""Most choices (``n``) one request may ask for (they run one after another)."""
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token for ``top_logprobs`` / completions ``logprobs`` (as vLLM)."""
 
 
 class TextPart(BaseModel):
@@ -52,10 +60,16 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Any = None
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -63,6 +77,7 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    response_format: dict | None = None
 
 
 class CompletionRequest(SamplingFields):
