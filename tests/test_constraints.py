@@ -86,6 +86,7 @@ def test_hermes_forced_call():
     assert not accepts(named, call.replace('"c"', '"k"'))
     assert not accepts(named, '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>')
     assert not accepts(named, "I will call it. " + call)
+    assert not accepts(named, call + "\n" + call)  # a named function is called once
     required = build_constraint(None, TOOLS, "required", "hermes")
     ping = '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
     assert accepts(required, ping) and accepts(required, call + "\n" + ping)

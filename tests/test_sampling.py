@@ -55,8 +55,16 @@ def test_penalty_rules_follow_openai_and_ctrl():
     assert penalize(values, counts, r).tolist() == pytest.approx([1.0, -2.0, 0.25])
 
 
-def test_torch_sampler_penalties_change_the_choice():
+def torch_sampler(params, host_rules, **kwargs):
+    sampler = TorchSampler(params, **kwargs)
+    sampler.host_rules = host_rules  # False: the path an accelerator takes, run on CPU tensors
+    return sampler
+
+
+@pytest.mark.parametrize("host_rules", [True, False])
+def test_torch_sampler_penalties_change_the_choice(host_rules):
     logits = torch.tensor([3.0, 2.9, 0.0, -5.0])
+    TorchSampler = lambda params, **kw: torch_sampler(params, host_rules, **kw)  # noqa: E731, N806
     plain = TorchSampler(SamplingParams(temperature=0))
     assert [plain.sample(logits) for _ in range(3)] == [0, 0, 0]
     presence = TorchSampler(SamplingParams(temperature=0, presence_penalty=0.5))
@@ -95,9 +103,10 @@ class _OnlyOdd:
         self.accepted.append(token)
 
 
-def test_torch_sampler_applies_the_grammar_mask():
+@pytest.mark.parametrize("host_rules", [True, False])
+def test_torch_sampler_applies_the_grammar_mask(host_rules):
     mask = _OnlyOdd()
-    sampler = TorchSampler(SamplingParams(temperature=1.0, seed=3), constraint=mask)
+    sampler = torch_sampler(SamplingParams(temperature=1.0, seed=3), host_rules, constraint=mask)
     logits = torch.tensor([9.0, 0.0, 9.0, 1.0, 9.0, 0.5])
     tokens = [sampler.sample(logits) for _ in range(30)]
     assert all(t % 2 == 1 for t in tokens) and mask.accepted == tokens

@@ -9,9 +9,10 @@ and the engine's sampler applies it as a logits mask, token by token.
 The rules, in order:
 
 * ``tool_choice`` ``"required"`` or a named function (``{"type": "function", "function":
-  {"name"}}`` arrives as the name): the whole answer is one call (or several in a row when
-  ``parallel_tool_calls``) in the model's format, arguments following the tool's
-  ``parameters`` schema; ``response_format`` does not apply (the answer is a call).
+  {"name"}}`` arrives as the name): the whole answer is a call in the model's format,
+  arguments following the tool's ``parameters`` schema; ``response_format`` does not apply
+  (the answer is a call). A named function is called once (as vLLM forces it); ``required``
+  allows several calls in a row when ``parallel_tool_calls``.
 * ``response_format`` ``json_object`` / ``json_schema`` (``strict`` or not: the output is
   always constrained, as vLLM does): the answer is that JSON value; with ``tools`` and
   ``tool_choice: "auto"`` a call is allowed instead.
@@ -102,7 +103,8 @@ def build_constraint(response_format: dict | None, tools: list[dict] | None = No
                                       "tool_choice")
         elif not functions:
             raise ConstraintError('tool_choice "required" needs at least one tool', "tool_choice")
-        rules, calls = _calls(functions, tool_format or "hermes", parallel_tool_calls)
+        parallel = parallel_tool_calls and choice == "required"
+        rules, calls = _calls(functions, tool_format or "hermes", parallel)
         return _spec(rules, f"start: {_prefix(reasoning)}{calls}", "tool_call", reasoning,
                      f"forced {tool_format or 'hermes'} call of {', '.join(f['name'] for f in functions)}")
     use_tools = choice == "auto" and functions and tool_format is not None

@@ -99,26 +99,31 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - (top + math.log(np.exp(x - top).sum()))
 
 
-class NumpySampler(Sampler):
-    """A sampler over numpy logits ([vocab] float): rules 1-4, then argmax (lowest id on ties).
-
-    It is greedy whatever the temperature: the echo engine it serves answers deterministically.
-    ``constraint``: a grammar matcher (``allowed(vocab) -> bool [vocab]``, ``accept(token)``)."""
+class NumpyProcessor:
+    """Rules 1-4 on numpy logits ([vocab] float) for one request; ``record(token)`` after each
+    sampled token. ``constraint``: a grammar matcher (``allowed(vocab) -> bool [vocab]``,
+    ``accept(token)``) or None. Used by the echo engine and by the torch sampler on CPU (numpy
+    runs these small vector operations on one thread, free of thread-pool stalls)."""
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] = (), constraint=None):
         self.params = params
         self.history = TokenHistory(params, prompt_ids) if params.adjusts_logits else None
+        self.penalties = params.repetition_penalty != 1.0 or bool(params.frequency_penalty) \
+            or bool(params.presence_penalty)
+        self.bias = bias_arrays(params) if params.logit_bias else None
         self.constraint = constraint
-        self.last_logprob = None
+
+    @property
+    def active(self) -> bool:
+        """Whether any rule changes the logits."""
+        return self.bias is not None or self.penalties or self.constraint is not None
 
     def process(self, logits: np.ndarray) -> np.ndarray:
         """Logits after rules 1-4 (a new float32 array)."""
         x = np.array(logits, dtype=np.float32, copy=True)
-        if self.params.logit_bias:
-            ids, bias = bias_arrays(self.params)
-            np.add.at(x, ids, bias)
-        if self.history is not None and (self.params.repetition_penalty != 1.0
-                                         or self.params.frequency_penalty or self.params.presence_penalty):
+        if self.bias is not None:
+            np.add.at(x, self.bias[0], self.bias[1])
+        if self.penalties and self.history is not None:
             ids, counts = self.history.arrays()
             if ids.size:
                 x[ids] = penalize(x[ids], counts, self.params)
@@ -126,13 +131,28 @@ class NumpySampler(Sampler):
             x[~self.constraint.allowed(x.shape[-1])] = -np.inf
         return x
 
-    def sample(self, logits: np.ndarray) -> int:
-        token = int(np.argmax(self.process(logits)))
-        if self.params.logprobs is not None:
-            lp = log_softmax(np.asarray(logits))
-            self.last_logprob = TokenLogprob(token, float(lp[token]), top_logprobs(lp, self.params.logprobs))
+    def record(self, token: int) -> None:
         if self.history is not None:
             self.history.add(token)
         if self.constraint is not None:
             self.constraint.accept(token)
+
+
+class NumpySampler(Sampler):
+    """A sampler over numpy logits ([vocab] float): rules 1-4, then argmax (lowest id on ties).
+
+    It is greedy whatever the temperature: the echo engine it serves answers deterministically."""
+
+    def __init__(self, params: SamplingParams, prompt_ids: Sequence[int] = (), constraint=None):
+        self.params = params
+        self.processor = NumpyProcessor(params, prompt_ids, constraint)
+        self.constraint = constraint
+        self.last_logprob = None
+
+    def sample(self, logits: np.ndarray) -> int:
+        token = int(np.argmax(self.processor.process(logits)))
+        if self.params.logprobs is not None:
+            lp = log_softmax(np.asarray(logits))
+            self.last_logprob = TokenLogprob(token, float(lp[token]), top_logprobs(lp, self.params.logprobs))
+        self.processor.record(token)
         return token

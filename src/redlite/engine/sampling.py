@@ -16,10 +16,11 @@ from __future__ import annotations
 import secrets
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from redlite.engine.base import Sampler, SamplingParams, TokenLogprob
-from redlite.engine.logit_rules import TokenHistory, bias_arrays, penalize
+from redlite.engine.logit_rules import NumpyProcessor, penalize
 
 
 def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -63,32 +64,34 @@ class TorchSampler(Sampler):
         if not params.greedy:
             self.generator = torch.Generator(device=self.device)
             self.generator.manual_seed(int(self.seed) % 2**64)
-        self.history = TokenHistory(params, prompt_ids) if params.adjusts_logits else None
-        self.penalties = params.repetition_penalty != 1.0 or bool(params.frequency_penalty) \
-            or bool(params.presence_penalty)
-        self.bias = None
-        if params.logit_bias:
-            ids, bias = bias_arrays(params)
-            self.bias = (torch.from_numpy(ids).to(self.device), torch.from_numpy(bias).to(self.device))
-        self.constraint = constraint
+        self.rules = NumpyProcessor(params, prompt_ids, constraint)
+        self.host_rules = self.device.type == "cpu"  # False: the device-operation path
+        self._bias = None
         self.last_logprob = None
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits after bias, penalties and the grammar mask (``logits`` itself when none
-        applies, else a new float32 tensor)."""
-        if self.bias is None and not self.penalties and self.constraint is None:
+        applies, else a new float32 tensor). On CPU the rules run in numpy on the same memory;
+        on an accelerator the bias and mask are device operations and only the penalised
+        tokens' logits travel to the host and back."""
+        rules = self.rules
+        if not rules.active:
             return logits
+        if self.host_rules:
+            return torch.from_numpy(rules.process(logits.detach().float().cpu().numpy())).to(logits.device)
         x = logits.float().clone()
-        if self.bias is not None:
-            x.index_add_(0, self.bias[0], self.bias[1])
-        if self.penalties and self.history is not None:
-            ids, counts = self.history.arrays()
+        if rules.bias is not None:
+            if self._bias is None:
+                self._bias = tuple(torch.from_numpy(a).to(self.device) for a in rules.bias)
+            x.index_add_(0, self._bias[0], self._bias[1])
+        if rules.penalties and rules.history is not None:
+            ids, counts = rules.history.arrays()
             if ids.size:
                 index = torch.from_numpy(ids).to(self.device)
                 values = penalize(x[index].cpu().numpy(), counts, self.params)
                 x[index] = torch.from_numpy(values).to(self.device)
-        if self.constraint is not None:
-            allowed = torch.from_numpy(self.constraint.allowed(x.shape[-1])).to(self.device)
+        if rules.constraint is not None:
+            allowed = torch.from_numpy(rules.constraint.allowed(x.shape[-1])).to(self.device)
             x.masked_fill_(~allowed, float("-inf"))
         return x
 
@@ -96,16 +99,13 @@ class TorchSampler(Sampler):
         """Next token id (int) for ``logits`` ([vocab] float32); records it as generated."""
         x = self.process(logits)
         if self.params.greedy:
-            token = int(torch.argmax(x))
+            token = int(np.argmax(x.numpy())) if x.device.type == "cpu" else int(torch.argmax(x))
         else:
             probs = torch.softmax(filter_logits(x.float(), self.params), -1)
             token = int(torch.multinomial(probs, 1, generator=self.generator))
         if self.params.logprobs is not None:
             self.last_logprob = logprob_record(logits, token, self.params.logprobs)
-        if self.history is not None:
-            self.history.add(token)
-        if self.constraint is not None:
-            self.constraint.accept(token)
+        self.rules.record(token)
         return token
 
 
