@@ -63,7 +63,7 @@ def generator():
     return Generator(engine, tokenizer)
 
 
-def run(generator, messages, spec, max_tokens=64):
+def run(generator, messages, spec, max_tokens=56):
     prompt = generator.tokenizer.render_chat(messages).token_ids
     request = GenerationRequest(prompt, max_tokens, SamplingParams(temperature=0, constraint=spec))
     items = list(generator.run(request))
