@@ -37,7 +37,7 @@ def chat(gen, messages):
     result = out[-1]
     assert isinstance(result, GenerationResult)
     assert gen.engine.held_ids == gen.held_ids  # held ids and engine agree after every request
-    return "".join(out[:-1]), result
+    return "".join(event.value for event in out[:-1]), result
 
 
 def held_len(messages, answer):

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, prefill_split_points
-from redlite.core.reuse import Action, ReusePlan, plan_reuse
-from redlite.core.stop import StopScanner
+from redlite.core.divergence import describe_divergence
+from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
+from redlite.core.chat import ChatOutput, OutputEvent
+from redlite.core.output_scanner import OutputScanner, ParseOptions
 from redlite.core.tokenizer import Tokenizer
 from redlite.engine.base import Engine, EngineError, SamplingParams, TokenLogprob
 
@@ -38,6 +40,7 @@ class GenerationRequest:
     prompt_ids: the full prompt (len >= 1, <= the engine's max_context). message_ends: message
     boundary positions (tokens) of a chat prompt, for checkpoints. max_tokens: the most tokens to
     generate (None: until end of turn or a full context). stop: validated stop strings.
+    parse: how the output is split into content / reasoning / tool calls (None: all content).
     n: how many answers (choices) to generate for the prompt, one after another.
     """
 
@@ -48,6 +51,7 @@ class GenerationRequest:
     message_ends: list[int] = field(default_factory=list)
     request_id: str = "req"
     cancelled: threading.Event = field(default_factory=threading.Event)
+    parse: ParseOptions | None = None
     n: int = 1
 
 
@@ -66,7 +70,8 @@ class EngineTask(GenerationRequest):
 class GenerationResult:
     """The end of a generation (of one choice). finish_reason: ``stop`` (end of turn or a stop
     sequence), ``length`` (max_tokens or a full context) or ``cancelled`` (client gone,
-    shutdown). index: the choice (0-based; the request's last choice is ``n - 1``).
+    shutdown). output: the parsed answer (its finish_reason may be ``tool_calls``).
+    index: the choice (0-based; the request's last choice is ``n - 1``).
     logprobs: with ``SamplingParams.logprobs`` set, one record per generated token (the
     end-of-turn token excluded), else None."""
 
@@ -77,6 +82,7 @@ class GenerationResult:
     ttft_ms: float
     decode_tokens_per_s: float
     plan: ReusePlan
+    output: ChatOutput = field(default_factory=ChatOutput)
     index: int = 0
     logprobs: list[TokenLogprob] | None = None
 
@@ -107,6 +113,8 @@ class Generator:
         # Candidate selection among the live and parked conversations (redlite.core.conversations
         # .Conversations); None: the live state is the only candidate.
         self.parking = None
+        # where the last generated answer starts in held_ids (for the cache-miss explanation)
+        self._answer_start: int | None = None
 
     # --- planning and executing --------------------------------------------------------------
 
@@ -156,10 +164,11 @@ class Generator:
 
     # --- the generation loop ------------------------------------------------------------------
 
-    def run(self, request: GenerationRequest) -> Iterator[str | TokenLogprob | GenerationResult]:
-        """For each of the request's ``n`` choices in turn: yield its text deltas (str), with
-        logprobs on a :class:`TokenLogprob` per generated token before the text it completes,
-        then its :class:`GenerationResult` (``index`` = the choice).
+    def run(self, request: GenerationRequest) -> Iterator[OutputEvent | TokenLogprob | GenerationResult]:
+        """For each of the request's ``n`` choices in turn: yield its :class:`OutputEvent` s
+        (content / reasoning / tool-call pieces, from the :class:`OutputScanner`), with logprobs
+        on a :class:`TokenLogprob` per generated token before the events it completes, then its
+        :class:`GenerationResult` (``index`` = the choice).
 
         Raises EngineError / any engine exception; the history is then marked failed so the next
         request resets (the held ids may no longer match the engine state). Raises
@@ -197,6 +206,9 @@ class Generator:
             self.parking.select(self, prompt, request.request_id)
         plan = self.plan(prompt)
         if (line := plan.miss_line()) is not None:
+            if plan.reason is MissReason.TOKEN_MISMATCH:
+                line += " " + describe_divergence(self.tokenizer, self.held_ids, prompt, plan.common,
+                                                  self._answer_start)
             log.info("%s %s", request.request_id, line)
         self.failed = True  # until the state is consistent again
         logits = self._execute(plan, request)
@@ -205,10 +217,12 @@ class Generator:
         log.info("%s prefill %d tok (%d cached) ttft %.1f ms", request.request_id,
                  plan.prefill, plan.keep, ttft_ms)
 
+        # the answer's region starts where the template's generation prompt does
+        self._answer_start = request.message_ends[-1] if request.message_ends else len(prompt)
         sampler = self._make_sampler(request, index)
         records: list[TokenLogprob] | None = [] if request.sampling.logprobs is not None else None
         decoder = self.tokenizer.incremental_decoder()
-        scanner = StopScanner(request.stop)
+        scanner = OutputScanner(request.stop, request.parse)
         eos = self.tokenizer.eos_token_ids
         generated = 0
         finish = "length"
@@ -225,9 +239,8 @@ class Generator:
             if records is not None and sampler.last_logprob is not None:
                 records.append(sampler.last_logprob)
                 yield sampler.last_logprob
-            text, stopped = scanner.push(decoder.push(token))
-            if text:
-                yield text
+            events, stopped = scanner.push(decoder.push(token))
+            yield from events
             if stopped:
                 finish = "stop"
                 break
@@ -243,16 +256,15 @@ class Generator:
             self.held_ids.append(token)
             self.failed = False
         if not scanner.stopped:
-            tail, _ = scanner.push(decoder.flush())
-            if not scanner.stopped:
-                tail += scanner.flush()
-            if scanner.stopped:
+            events, stopped = scanner.push(decoder.flush())
+            yield from events
+            if stopped:
                 finish = "stop"
-            if tail:
-                yield tail
+        events, output = scanner.finish(finish)
+        yield from events
         elapsed = self._clock() - decode_started
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
                  request.request_id, generated, rate, finish, len(self.held_ids))
-        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan,
+        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan, output,
                                index, records)

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from redlite.core.private_files import open_private
+
 FORMAT = "redlite-session"
 VERSION = 1
 MAX_HEADER_BYTES = 100 << 20
@@ -103,12 +105,13 @@ def _canonical(meta: dict[str, Any], table: dict[str, Any]) -> bytes:
 
 
 def write_state_file(path: str | os.PathLike, meta: dict[str, Any], tensors: dict[str, Any],
-                     opener=open) -> int:
+                     opener=open_private) -> int:
     """Write ``tensors`` (name -> CPU array/tensor) and ``meta`` (JSON-serialisable; format,
     version and checksum are filled in) to ``path`` atomically. Returns the bytes written.
 
     Raises OSError (e.g. ENOSPC: the temporary file is removed, the target untouched) or
-    TypeError for an unsupported dtype. ``opener`` is for tests (fault injection).
+    TypeError for an unsupported dtype. The file is created 0600 (:mod:`redlite.core.private_files`);
+    ``opener`` is for tests (fault injection).
     """
     path = Path(path)
     names = sorted(tensors)

@@ -31,6 +31,7 @@ from typing import Any, Hashable, Sequence
 from redlite.core.parking import (Candidate, ParkedCheckpoint, ParkedEntry,
                                   candidates_from_index, tensor_nbytes)
 from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
+from redlite.core.private_files import make_private_dir, open_private
 from redlite.core.reuse import common_prefix_length
 from redlite.core.session_file import (Expected, SessionFileError, StateFile, check_compatible,
                                        read_meta, read_state_file, write_state_file)
@@ -152,7 +153,7 @@ class SessionStore:
 
     def __init__(self, directory: str | os.PathLike, expected: Expected, *, min_tokens: int = 512,
                  keep: int = 12, max_bytes: int = 20 << 30, block: int = DEFAULT_BLOCK,
-                 opener=open, clock=time.time) -> None:
+                 opener=open_private, clock=time.time) -> None:
         self.directory = Path(directory)
         self.expected = expected
         self.min_tokens, self.keep, self.max_bytes = int(min_tokens), int(keep), int(max_bytes)
@@ -174,7 +175,7 @@ class SessionStore:
     def scan(self) -> None:
         """Index the directory: our files of this model become candidates; others are refused
         (logged); our stale temporary files (from a crash mid-write) are removed."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.directory)
         for path in sorted(self.directory.iterdir()):
             if TEMP_NAME.match(path.name):
                 try:

@@ -37,10 +37,11 @@ class ShuttingDown(Exception):
 
 @dataclass
 class Event:
-    """What a job produces, in order: ``started`` once, ``text`` deltas (with logprobs on, a
-    ``logprob`` event, value a TokenLogprob, before the text of its token), then ``done``
-    (value: a GenerationResult) or ``error`` (value: the exception). A request with ``n`` > 1
-    has one ``done`` per choice (``GenerationResult.index``); its last is ``index == n - 1``."""
+    """What a job produces, in order: ``started`` once, ``output`` events (value: an
+    :class:`redlite.core.chat.OutputEvent`; with logprobs on, a ``logprob`` event, value a
+    TokenLogprob, comes before the output of its token), then ``done`` (value: a
+    GenerationResult) or ``error`` (value: the exception). A request with ``n`` > 1 has one
+    ``done`` per choice (``GenerationResult.index``); its last is ``index == n - 1``."""
 
     kind: str
     value: Any = None
@@ -131,7 +132,7 @@ class EngineWorker:
                 elif isinstance(item, TokenLogprob):
                     job.deliver(Event("logprob", item))
                 else:
-                    job.deliver(Event("text", item))
+                    job.deliver(Event("output", item))
         except Exception as error:  # the request fails; the server keeps serving
             log.exception("%s failed", job.request.request_id)
             job.deliver(Event("error", error))

@@ -2,12 +2,12 @@
 
 Tokens are UTF-8 bytes (see :mod:`redlite.core.byte_tokenizer`). The engine "generates" by
 echoing a chosen byte string: at the end of a prefill it takes as *source* the content of the
-last user message in the held sequence (the bytes between the last ``<|user|>`` and the next
-``<|end|>``), or the whole held byte sequence when there is no ``<|user|>`` token; it predicts
-the first source byte not yet generated, then ``<|end|>``. A fed token other than the predicted
-one (a grammar mask or a logit bias chose it) does not use up the source byte. So the output is
-a function of the held token ids alone: a warm (reused) and a cold state give the same answer,
-as with a model.
+last user or tool message in the held sequence (the bytes between the last ``<|user|>`` or
+``<|tool|>`` and the next ``<|end|>``), or the whole held byte sequence when there is no
+``<|user|>`` token; it predicts the first source byte not yet generated, then ``<|end|>``. A fed
+token other than the predicted one (a grammar mask or a logit bias chose it) does not use up the
+source byte. So the output is a function of the held token ids alone: a warm (reused) and a cold
+state give the same answer, as with a model.
 
 Its logits (:meth:`EchoLogits.scores`) give the predicted token 10, ``<|end|>`` 5, the JSON
 closers ``"`` ``}`` ``]`` 1.0/0.9/0.8 and every other id ``-id/1000``; its sampler applies
@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from redlite.core.byte_tokenizer import END, USER, VOCAB_SIZE
+from redlite.core.byte_tokenizer import END, TOOL, USER, VOCAB_SIZE
 from redlite.engine.base import Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot
 from redlite.engine.logit_rules import NumpySampler
 
@@ -114,9 +114,8 @@ class EchoEngine(Engine):
 
     @staticmethod
     def _compute_source(held: list[int]) -> bytes:
-        try:
-            start = len(held) - 1 - held[::-1].index(USER)
-        except ValueError:
+        start = next((i for i in range(len(held) - 1, -1, -1) if held[i] in (USER, TOOL)), None)
+        if start is None:
             return bytes(t for t in held if t < 256)
         content = []
         for token in held[start + 1:]:

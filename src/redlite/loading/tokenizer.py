@@ -139,6 +139,15 @@ class HFTokenizer:
         self.add_bos: bool = bool(add_bos) and self.bos_token_id is not None
 
     @property
+    def chat_template_source(self) -> str | None:
+        """The chat template's Jinja source (all named templates joined), for format
+        detection; None when the tokenizer has none."""
+        template = getattr(self._tok, "chat_template", None)
+        if isinstance(template, dict):
+            return "\n".join(str(t) for t in template.values())
+        return template if isinstance(template, str) else None
+
+    @property
     def transformers_tokenizer(self) -> Any:
         """The wrapped transformers tokenizer."""
         return self._tok

@@ -8,34 +8,36 @@ a generation runs.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import json
 import logging
 import threading
-import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
-from redlite.core.constraints import ConstraintError, build_constraint
 from redlite.core.generation import GenerationRequest, GenerationResult
-from redlite.core.grammar import check_constraint
 from redlite.core.stop import normalize_stop
 from redlite.core.tokenizer import Tokenizer
-from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
+from redlite.core.worker import EngineWorker
 from redlite.engine.base import SamplingParams
 from redlite.server import completions as completions_route
 from redlite.server import sampling_fields
-from redlite.server.errors import APIError, as_api_error, error_body, error_response
+from redlite.server.access import AccessMiddleware, context_of
+from redlite.server.chat_service import ChatService
+from redlite.server.errors import APIError, surface_of
 from redlite.server.limits import BodyLimitMiddleware
-from redlite.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from redlite.server.openai_chat import chat_request_of, stream_chunks
+from redlite.server.openai_chat import completion_body as chat_completion_body
+from redlite.server.openapi import install_openapi
+from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
+                                    unsupported_field)
+from redlite.server.security import SecurityMiddleware, SecurityOptions, require_json
 from redlite.server.slots import mount_slot_routes
-from redlite.server.sse import completion_body, stream_events
 
 log = logging.getLogger("redlite.server")
 
@@ -52,42 +54,97 @@ class ServerState:
     body_timeout_s: float = 30.0
     retry_after_s: int = 1
     slots: Any = None  # redlite.server.slots.SlotService; None: the slot API answers 501
+    security: SecurityOptions = field(default_factory=SecurityOptions)
+    chat_options: Any = None  # redlite.server.chat_service.ChatOptions (--tool-parser ...)
+    chat: Any = None  # the ChatService every chat adapter calls (made by create_app when None)
 
 
 def _param_of(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body",)]
-    # pydantic names union members (e.g. 'str', 'list[TextPart]') in loc: drop them
-    parts = [p for p in parts if not (p[:1].islower() and ("[" in p or p in ("str", "int")))]
+    """The dotted request field of a pydantic error location: union member tags that pydantic
+    puts in ``loc`` (``str``, ``list[int]``, ``constrained-str``, model class names) are
+    dropped; field names are snake_case identifiers or list indices."""
+    parts = [str(p) for p in loc if p != "body"]
+    parts = [p for p in parts if not ("[" in p or "-" in p or p[:1].isupper()
+                                      or p in _TYPE_TAGS)]
     return ".".join(parts) or None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
+
+
+def _first_error(error: ValidationError) -> dict:
+    """The error to report: an unsupported content part first, else the deepest location
+    (the union member that got furthest, e.g. ``prompt.0`` for ``[true]``)."""
+    errors = error.errors()
+    for item in errors:
+        if item["type"] == "unsupported_content":
+            return item
+    return max(errors, key=lambda item: len(item.get("loc", ())))
 
 
 def create_app(state: ServerState) -> FastAPI:
     """The FastAPI application: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
-    ``/health`` (and the slot API when enabled), with OpenAI-shaped errors for every failure."""
+    ``/v1/models/{id}``, ``/health`` (and the slot API when enabled), with errors in the
+    surface's shape for every failure (:mod:`redlite.server.errors`).
+
+    Middlewares, outermost first: request id + access log + JSON 500
+    (:mod:`redlite.server.access`), CORS (only with ``security.cors_origins``), Host / API key /
+    JSON content type (:mod:`redlite.server.security`), body size and deadline
+    (:mod:`redlite.server.limits`)."""
     app = FastAPI(title="redlite", docs_url=None, redoc_url=None)
     app.state.server = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes,
                        timeout_s=state.body_timeout_s)
+    app.add_middleware(SecurityMiddleware, options=state.security)
+    if state.security.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=state.security.cors_origins,
+                           allow_methods=["GET", "HEAD", "POST"],
+                           allow_headers=["authorization", "content-type", "x-api-key"],
+                           expose_headers=["x-request-id", "retry-after"])
+    app.add_middleware(AccessMiddleware)
     tokenizer_lock = threading.Lock()
+    if state.chat is None:
+        state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
+                                 state.chat_options, tokenizer_lock)
+
+    def respond(request: Request, error: APIError) -> JSONResponse:
+        return error.response(surface_of(request.url.path), context_of(request.scope).request_id)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "not found" if exc.status_code == 404 else str(exc.detail)
-        return error_response(exc.status_code, message)
+        return respond(request, APIError(exc.status_code, message, None, None,
+                                         dict(exc.headers or {})))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = _param_of(tuple(first.get("loc", ()))[1:])
+        return respond(request, APIError(400, f"{param}: {first.get('msg')}", param))
 
     @app.exception_handler(APIError)
-    async def _api(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api(request: Request, exc: APIError) -> JSONResponse:
+        return respond(request, exc)
 
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "queue_depth": state.worker.queue_depth, "busy": state.worker.busy}
 
+    app.add_api_route("/health", health, methods=["HEAD"], operation_id="health_head")
+
+    def model_object(model_id: str) -> dict:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "redlite",
+                "max_model_len": state.max_context}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [
-            {"id": state.model_id, "object": "model", "created": 0, "owned_by": "redlite",
-             "max_model_len": state.max_context}]}
+        return {"object": "list", "data": [model_object(state.model_id)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        # every model name is served by the one model (chat accepts any ``model``): answer
+        # with the served model's object, as responses name the served model
+        return model_object(state.model_id)
 
     def sampling_of(body: SamplingFields, chat: bool) -> SamplingParams:
         return sampling_fields.sampling_of(body, state.tokenizer.vocab_size, chat)
@@ -108,37 +165,19 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _parse(request, ChatCompletionRequest)
-        stop = stops_of(body)
-        messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()}
-                    for m in body.messages]
-
-        def render():
-            with tokenizer_lock:
-                return state.tokenizer.render_chat(messages)
+        chat_request = chat_request_of(body, sampling_of(body, chat=True), stops_of(body),
+                                       f"chatcmpl-{context_of(request.scope).hex}")
+        stream = await state.chat.start(chat_request, request)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_chunks(stream, state.model_id, include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
         try:
-            rendered = await asyncio.to_thread(render)
-        except Exception as error:  # a template that rejects the conversation
-            raise APIError(400, f"cannot render the conversation: {error}", "messages") from None
-        check_length(rendered.token_ids, "messages")
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        sampling = sampling_of(body, chat=True)
-        if sampling.logprobs is not None or body.n > 1:
-            raise APIError(400, "logprobs and n > 1 are not supported for chat completions yet",
-                           "logprobs" if sampling.logprobs is not None else "n")
-        constraint = await asyncio.to_thread(constraint_of, body.response_format)
-        sampling = dataclasses.replace(sampling, constraint=constraint)
-        generation = GenerationRequest(rendered.token_ids, max_tokens, sampling, stop,
-                                       rendered.message_ends, f"chatcmpl-{uuid.uuid4().hex[:24]}")
-        return await _serve(request, body, generation, chat=True)
-
-    def constraint_of(response_format: dict | None):
-        try:
-            spec = build_constraint(response_format)
-            if spec is not None:
-                check_constraint(spec, state.tokenizer)
-        except ConstraintError as error:
-            raise APIError(400, str(error), error.param) from None
-        return spec
+            result = await stream.collect(request)
+        finally:
+            stream.cancel()
+        return chat_completion_body(stream, state.model_id, result)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -160,98 +199,39 @@ def create_app(state: ServerState) -> FastAPI:
                 raise APIError(400, f"token ids must be in [0, {state.tokenizer.vocab_size})", "prompt")
         check_length(ids, "prompt")
         generation = GenerationRequest(ids, body.max_tokens, sampling_of(body, chat=False), stop, [],
-                                       f"cmpl-{uuid.uuid4().hex[:24]}", n=body.n)
+                                       f"cmpl-{context_of(request.scope).hex}", n=body.n or 1)
         return await completions_route.serve(state, request, body, generation)
 
-    async def _serve(request: Request, body: SamplingFields, generation: GenerationRequest,
-                     chat: bool) -> Any:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-        job = Job(generation, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
-        try:
-            state.worker.submit(job)
-        except QueueFull:
-            raise APIError(503, "server busy", None, "server_busy",
-                           {"Retry-After": str(state.retry_after_s)}) from None
-        except ShuttingDown:
-            raise APIError(503, "server is shutting down", None, "shutting_down") from None
-        first = await _first_event(request, job, events)
-        if first is None:
-            return JSONResponse(error_body(499, "client closed the request"), status_code=499)
-        if first.kind == "error":
-            raise as_api_error(first.value)
-        meta = {"id": generation.request_id, "created": int(time.time()), "model": state.model_id,
-                "chat": chat, "prompt_tokens": len(generation.prompt_ids)}
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_events(events, job, meta, include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await _collect(request, job, events, meta)
-
     mount_slot_routes(app, state)
+    install_openapi(app, state)
     return app
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    """Parse the JSON body (whatever its content type, as llama.cpp does) into ``model``;
-    raise a 400 APIError naming the offending field."""
+    """Parse the JSON body into ``model`` (pydantic's JSON parser: strict types, nesting depth
+    bounded, lone surrogates refused); raise a 400 APIError naming the offending field, or the
+    first field set that the server does not implement
+    (:data:`redlite.server.schemas.UNSUPPORTED_FIELDS`)."""
+    require_json(request.headers)
+    raw = await request.body()
     try:
-        data = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
-        raise APIError(400, "request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "request body must be a JSON object")
-    try:
-        return model.model_validate(data)
+        parsed = model.model_validate_json(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        param = _param_of(tuple(first.get("loc", ())))
+        first = _first_error(error)
+        if first["type"] == "json_invalid":
+            reason = (first.get("ctx") or {}).get("error", "")
+            raise APIError(400, f"request body is not valid JSON: {reason}".rstrip(": ")) from None
+        loc = tuple(first.get("loc", ()))
+        if not loc and first["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            raise APIError(400, "request body must be a JSON object") from None
+        param = _param_of(loc)
         raise APIError(400, f"{param}: {first.get('msg')}" if param else str(first.get("msg")),
                        param) from None
-
-
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    """Cancel ``job`` when the client closes its connection (the body is already read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel()
-            return
-
-
-async def _first_event(request: Request, job: Job, events: asyncio.Queue) -> Event | None:
-    """Wait until the job starts (or fails); None when the client left while it waited."""
-    watcher = asyncio.ensure_future(_watch_disconnect(request, job))
-    getter = asyncio.ensure_future(events.get())
-    try:
-        await asyncio.wait({watcher, getter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if getter.done():
-        return getter.result()
-    getter.cancel()
-    return None
-
-
-async def _collect(request: Request, job: Job, events: asyncio.Queue, meta: dict) -> Any:
-    watcher = asyncio.ensure_future(_watch_disconnect(request, job))
-    pieces: list[str] = []
-    try:
-        while True:
-            event = await events.get()
-            if event.kind == "text":
-                pieces.append(event.value)
-            elif event.kind == "done":
-                if event.value.finish_reason == "cancelled":
-                    # the client is still here, so the server is stopping: the answer is cut
-                    raise APIError(503, "server is shutting down; the answer was cut off",
-                                   None, "shutting_down")
-                return completion_body(meta, "".join(pieces), event.value)
-            elif event.kind == "error":
-                raise as_api_error(event.value)
-    finally:
-        watcher.cancel()
+    unsupported = unsupported_field(parsed) if isinstance(parsed, SamplingFields) else None
+    if unsupported is not None:
+        name, what = unsupported
+        raise APIError(400, f"{what} is not supported by this server", name, "unsupported_field")
+    return parsed
 
 
 __all__ = ["ServerState", "create_app", "GenerationResult"]

@@ -68,3 +68,14 @@ def completion_logprobs(records: Iterable[TokenLogprob], texts: TokenTexts, offs
         out["text_offset"].append(offset)
         offset += len(text)
     return out
+
+
+def choices_usage(usages: list) -> Any:
+    """One usage for ``n`` choices (objects with ``prompt_tokens``, ``completion_tokens``,
+    ``cached_tokens``): the prompt counted once, the completions summed, the reuse of the
+    first choice (later ones reuse the prompt the first one read), as OpenAI reports ``n``."""
+    first = usages[0]
+    if len(usages) == 1:
+        return first
+    return type(first)(first.prompt_tokens, sum(u.completion_tokens for u in usages),
+                       first.cached_tokens)

@@ -19,9 +19,12 @@ import uvicorn
 from redlite.core.conversations import Conversations
 from redlite.core.generation import Generator, GeneratorSettings
 from redlite.core.parking import ParkingPool
+from redlite.core.private_files import make_private_dir
 from redlite.core.sessions import SessionStore, expected_for
 from redlite.core.worker import EngineWorker
 from redlite.server.app import ServerState, create_app
+from redlite.server.chat_service import ChatOptions
+from redlite.server.security import security_from_args
 from redlite.server.slots import SlotService
 from redlite.server.http_protocol import HeaderTimeoutProtocol
 
@@ -107,6 +110,11 @@ def serve(args: argparse.Namespace) -> int:
     stop, 1 when the address cannot be bound)."""
     from redlite.cli import process_age_s
 
+    try:
+        security = security_from_args(args)
+    except (OSError, ValueError) as error:
+        log.error("cannot read the API keys: %s", error)
+        return 1
     # Take the port before loading the model, so a busy port fails at once, not after a load.
     try:
         listener = bind_listener(args.host, args.port)
@@ -127,11 +135,12 @@ def serve(args: argparse.Namespace) -> int:
     worker = EngineWorker(generator, max_queue=args.queue)
     slots = None
     if args.slot_save_path:
-        Path(args.slot_save_path).mkdir(parents=True, exist_ok=True)
+        make_private_dir(args.slot_save_path)
         slots = SlotService(Path(args.slot_save_path), worker, expected)
     state = ServerState(worker, tokenizer, engine.model_id, engine.max_context,
                         max_body_bytes=int(args.max_body_mib * (1 << 20)),
-                        body_timeout_s=args.body_timeout_s, slots=slots)
+                        body_timeout_s=args.body_timeout_s, slots=slots, security=security,
+                        chat_options=ChatOptions(args.tool_parser, args.reasoning_parser))
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port,
                             log_level="warning", timeout_graceful_shutdown=3,
                             http=HeaderTimeoutProtocol)
