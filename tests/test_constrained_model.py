@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from redlite.core.constraints import build_constraint
+from redlite.core.chat import OutputEvent
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator
 from redlite.engine.base import SamplingParams
 
@@ -69,7 +70,7 @@ def run(generator, messages, spec, max_tokens=56):
     items = list(generator.run(request))
     result = items[-1]
     assert isinstance(result, GenerationResult)
-    return "".join(i for i in items if isinstance(i, str)), result.finish_reason
+    return "".join(i.value for i in items if isinstance(i, OutputEvent)), result.finish_reason
 
 
 @pytest.mark.parametrize("name, schema", SCHEMAS[:10], ids=[n for n, _ in SCHEMAS[:10]])

@@ -8,6 +8,7 @@ import pytest
 
 from redlite.core.byte_tokenizer import END, ByteTokenizer
 from redlite.core.constraints import ConstraintError, build_constraint
+from redlite.core.chat import OutputEvent
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator
 from redlite.core.grammar import GrammarMatcher, check_constraint, grammar_tokenizer
 from redlite.engine.base import SamplingParams
@@ -38,7 +39,7 @@ def generate(user, spec, max_tokens=200):
     items = list(gen.run(GenerationRequest(prompt, max_tokens, SamplingParams(constraint=spec))))
     result = items[-1]
     assert isinstance(result, GenerationResult)
-    return "".join(i for i in items if isinstance(i, str)), result.finish_reason
+    return "".join(i.value for i in items if isinstance(i, OutputEvent)), result.finish_reason
 
 
 def test_no_constraint_for_free_output():

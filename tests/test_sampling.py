@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from redlite.core.byte_tokenizer import END, ByteTokenizer
+from redlite.core.chat import OutputEvent
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator
 from redlite.engine.base import SamplingParams, TokenLogprob
 from redlite.engine.echo import EchoEngine, EchoLogits
@@ -29,8 +30,8 @@ def generate(text, engine=None, max_tokens=40, n=1, **params):
 def texts(items):
     out, current = [], []
     for item in items:
-        if isinstance(item, str):
-            current.append(item)
+        if isinstance(item, OutputEvent):
+            current.append(item.value)
         elif isinstance(item, GenerationResult):
             out.append(("".join(current), item))
             current = []
@@ -119,12 +120,12 @@ def test_echo_logprobs_records_one_per_token():
     (text, result), = texts(items)
     assert text == "hey" and [r.token_id for r in records] == list(b"hey")
     assert result.logprobs == records
-    expected = log_softmax(EchoLogits(ord("h")).scores())
+    expected = log_softmax(EchoLogits(ord("h"), b"hey").scores())
     assert records[0].logprob == pytest.approx(float(expected[ord("h")]))
-    assert [t for t, _ in records[0].top] == [ord("h"), END, ord('"')]
+    assert [t for t, _ in records[0].top] == [ord("h"), END, ord("e")]  # then the rest of the source
     assert all(math.exp(lp) <= 1 for _, lp in records[0].top)
     # each record comes before the text its token completes
-    assert isinstance(items[0], TokenLogprob) and items[1] == "h"
+    assert isinstance(items[0], TokenLogprob) and items[1] == OutputEvent("content", "h")
 
 
 @pytest.mark.parametrize("can_rewind", [True, False])

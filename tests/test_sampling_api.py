@@ -119,3 +119,66 @@ def test_chat_response_format(client):
     r = post(client, "/v1/chat/completions", messages=[{"role": "user", "content": "x"}],
              response_format={"type": "json_schema", "json_schema": {"schema": {"type": "bogus"}}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+def chat_body(content, **fields):
+    return {"messages": [{"role": "user", "content": content}], **fields}
+
+
+def test_chat_logprobs(client):
+    r = client.post("/v1/chat/completions", json=chat_body("hi!", logprobs=True, top_logprobs=2))
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert [e["token"] for e in content] == ["h", "i", "!"]
+    assert content[0]["bytes"] == [ord("h")] and content[0]["logprob"] < 0
+    assert [t["token"] for t in content[0]["top_logprobs"]] == ["h", "<|end|>"]
+    plain = client.post("/v1/chat/completions", json=chat_body("hi!")).json()
+    assert plain["choices"][0]["logprobs"] is None
+
+
+def test_chat_logprobs_streamed(client):
+    r = client.post("/v1/chat/completions", json=chat_body("abc", logprobs=True, stream=True))
+    tokens, text = [], ""
+    for chunk in sse(r):
+        (choice,) = chunk["choices"]
+        text += choice["delta"].get("content") or ""
+        tokens += [e["token"] for e in choice["logprobs"]["content"]]
+    assert text == "abc" and tokens == ["a", "b", "c"]
+
+
+def test_chat_n_choices(client):
+    r = client.post("/v1/chat/completions", json=chat_body("same", n=3, temperature=1.0, seed=2))
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [c["message"]["content"] for c in body["choices"]] == ["same"] * 3
+    assert body["usage"]["completion_tokens"] == 12
+    r = client.post("/v1/chat/completions", json=chat_body("two", n=2, stream=True,
+                                                           stream_options={"include_usage": True}))
+    chunks = sse(r)
+    texts, finishes = {0: "", 1: ""}, {}
+    for chunk in chunks[:-1]:
+        (choice,) = chunk["choices"]
+        texts[choice["index"]] += choice["delta"].get("content") or ""
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert texts == {0: "two", 1: "two"} and finishes == {0: "stop", 1: "stop"}
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city", "days"], "additionalProperties": False}}}
+
+
+def test_chat_required_tool_call_is_schema_valid(client):
+    # the echo's source has no call at all: the grammar writes the markup, the schema's keys
+    r = client.post("/v1/chat/completions", json=chat_body(
+        "Paris", tools=[WEATHER], tool_choice="required", max_tokens=120,
+        chat_template_kwargs={"enable_thinking": False}))
+    message = r.json()["choices"][0]["message"]
+    assert r.json()["choices"][0]["finish_reason"] == "tool_calls", message
+    (call,) = message["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather" and set(arguments) == {"city", "days"}
+    assert isinstance(arguments["city"], str) and isinstance(arguments["days"], int)

@@ -4,13 +4,16 @@ Tokens are UTF-8 bytes (see :mod:`redlite.core.byte_tokenizer`). The engine "gen
 echoing a chosen byte string: at the end of a prefill it takes as *source* the content of the
 last user or tool message in the held sequence (the bytes between the last ``<|user|>`` or
 ``<|tool|>`` and the next ``<|end|>``), or the whole held byte sequence when there is no
-``<|user|>`` token; it predicts the first source byte not yet generated, then ``<|end|>``. A fed
-token other than the predicted one (a grammar mask or a logit bias chose it) does not use up the
-source byte. So the output is a function of the held token ids alone: a warm (reused) and a cold
-state give the same answer, as with a model.
+``<|user|>`` token; it predicts the source byte that follows the longest end of its answer so
+far that is a beginning of the source (so an unconstrained answer is the source, then
+``<|end|>``), tracked as in Knuth-Morris-Pratt string matching. When a grammar mask or a logit
+bias makes it write other bytes (forced markup, say), it picks the source up again where the
+answer's end matches it. So the output is a function of the held token ids alone: a warm
+(reused) and a cold state give the same answer, as with a model.
 
-Its logits (:meth:`EchoLogits.scores`) give the predicted token 10, ``<|end|>`` 5, the JSON
-closers ``"`` ``}`` ``]`` 1.0/0.9/0.8 and every other id ``-id/1000``; its sampler applies
+Its logits (:meth:`EchoLogits.scores`) give the predicted token 10, ``<|end|>`` 5, bytes of the
+source not echoed yet ``2 - id/1000``, the JSON closers ``"`` ``}`` ``]`` 1.0/0.9/0.8 and every
+other id ``-id/1000``; its sampler applies
 logit bias, penalties and the grammar mask (:class:`~redlite.engine.logit_rules.NumpySampler`)
 and takes the argmax whatever the temperature, so constrained output stays deterministic and
 closes its JSON.
@@ -45,12 +48,16 @@ class EchoLogits:
     """The echo engine's "logits": the one token it predicts next (see :meth:`scores`)."""
 
     next_token: int
+    rest: bytes = b""  # the source bytes not echoed yet (a hint for constrained answers)
 
     def scores(self) -> np.ndarray:
         """float32 [VOCAB_SIZE] logits (see the module docstring)."""
         x = -np.arange(VOCAB_SIZE, dtype=np.float32) / 1000.0
         for token, value in _PREFERRED.items():
             x[token] = value
+        if self.rest:
+            rest = np.frombuffer(self.rest, dtype=np.uint8)
+            x[rest] = 2.0 - rest.astype(np.float32) / 1000.0
         x[END] = 5.0
         x[self.next_token] = 10.0
         return x
@@ -76,6 +83,7 @@ class EchoEngine(Engine):
         self._held: list[int] = []
         self._source = b""
         self._generated = 0
+        self._failure_of, self._failure = b"", []
         self.lock = threading.Lock()
         # Counters the tests read: how much work the engine really did.
         self.prefill_calls = 0
@@ -97,7 +105,7 @@ class EchoEngine(Engine):
 
     def _logits(self) -> EchoLogits:
         if self._generated < len(self._source):
-            return EchoLogits(self._source[self._generated])
+            return EchoLogits(self._source[self._generated], self._source[self._generated:])
         return EchoLogits(END)
 
     def prefill(self, token_ids: Sequence[int]) -> EchoLogits:
@@ -132,11 +140,23 @@ class EchoEngine(Engine):
             raise EngineError(f"context overflow: {self.n_past} + 1 > {self.max_context}")
         if self.delay_ms:
             time.sleep(self.delay_ms / 1000.0)
-        if self._generated < len(self._source) and token_id == self._source[self._generated]:
-            self._generated += 1
+        self._generated = self._match_step(self._generated, int(token_id))
         self._held.append(int(token_id))
         self.decoded_tokens += 1
         return self._logits()
+
+    def _match_step(self, matched: int, token: int) -> int:
+        """Length of the longest end of (answer + ``token``) that begins the source, given
+        ``matched`` for the answer (the Knuth-Morris-Pratt automaton over the source)."""
+        source = self._source
+        if self._failure_of != source:
+            self._failure = _failure_table(source)
+            self._failure_of = source
+        if matched == len(source) and matched:
+            matched = self._failure[matched - 1]
+        while matched and source[matched] != token:
+            matched = self._failure[matched - 1]
+        return matched + 1 if matched < len(source) and source[matched] == token else matched
 
     def rewind(self, n_tokens: int) -> None:
         if not self.can_rewind:
@@ -199,3 +219,17 @@ class EchoEngine(Engine):
 
     def fingerprint(self) -> str:
         return f"echo-v1-rewind{int(self.can_rewind)}"
+
+
+def _failure_table(pattern: bytes) -> list[int]:
+    """KMP failure function: entry i is the length of the longest proper border of
+    ``pattern[:i + 1]``."""
+    table = [0] * len(pattern)
+    k = 0
+    for i in range(1, len(pattern)):
+        while k and pattern[i] != pattern[k]:
+            k = table[k - 1]
+        if pattern[i] == pattern[k]:
+            k += 1
+        table[i] = k
+    return table

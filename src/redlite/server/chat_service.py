@@ -246,9 +246,11 @@ class ChatService:
                       start_in_reasoning: bool) -> ConstraintSpec | None:
         """The output grammar (:func:`redlite.core.constraints.build_constraint`): forced calls
         for ``required`` / a named function, a lazy call grammar for ``auto`` with tools, the
-        ``response_format`` JSON; reasoning may come first when the model reasons. 400 naming
+        ``response_format`` JSON; reasoning may come first when the model reasons (unless
+        ``enable_thinking`` is false). 400 naming
         the field when it cannot be built (an invalid schema, say)."""
-        reasoning = "open" if start_in_reasoning else "optional" if self.reasoning_format else "none"
+        thinking = bool(self.reasoning_format) and request.template_kwargs.get("enable_thinking") is not False
+        reasoning = "open" if start_in_reasoning else "optional" if thinking else "none"
         try:
             spec = build_constraint(request.response_format, request.tools if tool_format else [],
                                     request.tool_choice, tool_format,
