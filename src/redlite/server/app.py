@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.stop import normalize_stop
-from redlite.core.tokenizer import Tokenizer
+from redlite.core.tokenizer import Tokenizer, min_prompt_tokens
 from redlite.core.worker import EngineWorker
 from redlite.engine.base import SamplingParams
 from redlite.server import completions as completions_route
@@ -33,6 +32,8 @@ from redlite.server.errors import APIError, surface_of
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.openai_chat import chat_request_of, stream_chunks
 from redlite.server.openai_chat import completion_body as chat_completion_body
+from redlite.server.anthropic import mount_anthropic_routes
+from redlite.server.responses import mount_responses_routes
 from redlite.server.openapi import install_openapi
 from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                                     unsupported_field)
@@ -57,12 +58,14 @@ class ServerState:
     security: SecurityOptions = field(default_factory=SecurityOptions)
     chat_options: Any = None  # redlite.server.chat_service.ChatOptions (--tool-parser ...)
     chat: Any = None  # the ChatService every chat adapter calls (made by create_app when None)
+    ping_interval_s: float = 5.0  # Anthropic streams: a ping after this long without output
 
 
 def _param_of(loc: tuple) -> str | None:
-    """The dotted request field of a pydantic error location: union member tags that pydantic
-    puts in ``loc`` (``str``, ``list[int]``, ``constrained-str``, model class names) are
-    dropped; field names are snake_case identifiers or list indices."""
+    """The dotted request field of a pydantic error location (``messages.0.content.1``,
+    ``stop.0``): union member tags that pydantic puts in ``loc`` (``str``, ``list[int]``,
+    ``constrained-str``, model class names) are dropped; field names are snake_case
+    identifiers or list indices."""
     parts = [str(p) for p in loc if p != "body"]
     parts = [p for p in parts if not ("[" in p or "-" in p or p[:1].isupper()
                                       or p in _TYPE_TAGS)]
@@ -74,7 +77,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
 
 def _first_error(error: ValidationError) -> dict:
     """The error to report: an unsupported content part first, else the deepest location
-    (the union member that got furthest, e.g. ``prompt.0`` for ``[true]``)."""
+    (the union member that got furthest, e.g. the token-id list for ``"prompt": [true]``)."""
     errors = error.errors()
     for item in errors:
         if item["type"] == "unsupported_content":
@@ -88,9 +91,9 @@ def create_app(state: ServerState) -> FastAPI:
     surface's shape for every failure (:mod:`redlite.server.errors`).
 
     Middlewares, outermost first: request id + access log + JSON 500
-    (:mod:`redlite.server.access`), CORS (only with ``security.cors_origins``), Host / API key /
-    JSON content type (:mod:`redlite.server.security`), body size and deadline
-    (:mod:`redlite.server.limits`)."""
+    (:mod:`redlite.server.access`), CORS (only with ``security.cors_origins``), Host / API key
+    (:mod:`redlite.server.security`), body size and deadline (:mod:`redlite.server.limits`).
+    Routes that take a body check its JSON content type after routing (415)."""
     app = FastAPI(title="redlite", docs_url=None, redoc_url=None)
     app.state.server = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes,
@@ -102,10 +105,9 @@ def create_app(state: ServerState) -> FastAPI:
                            allow_headers=["authorization", "content-type", "x-api-key"],
                            expose_headers=["x-request-id", "retry-after"])
     app.add_middleware(AccessMiddleware)
-    tokenizer_lock = threading.Lock()
-    if state.chat is None:
+    if state.chat is None:  # no tokenizer lock: rendering and tokenizing are thread-safe
         state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
-                                 state.chat_options, tokenizer_lock)
+                                 state.chat_options)
 
     def respond(request: Request, error: APIError) -> JSONResponse:
         return error.response(surface_of(request.url.path), context_of(request.scope).request_id)
@@ -189,10 +191,12 @@ def create_app(state: ServerState) -> FastAPI:
                 raise APIError(400, "only one prompt per request is supported", "prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            def encode():
-                with tokenizer_lock:
-                    return state.tokenizer.encode(prompt)
-            ids = await asyncio.to_thread(encode)
+            at_least = min_prompt_tokens([prompt], getattr(state.tokenizer, "max_token_chars", None))
+            if at_least > state.max_context:
+                raise APIError(400, f"the prompt has at least {at_least} tokens, more than the "
+                               f"context of {state.max_context} tokens", "prompt",
+                               "context_length_exceeded")
+            ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
         else:
             ids = list(prompt)
             if any(t < 0 or t >= state.tokenizer.vocab_size for t in ids):
@@ -203,6 +207,8 @@ def create_app(state: ServerState) -> FastAPI:
         return await completions_route.serve(state, request, body, generation)
 
     mount_slot_routes(app, state)
+    mount_anthropic_routes(app, state)
+    mount_responses_routes(app, state)
     install_openapi(app, state)
     return app
 
@@ -215,7 +221,8 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
     require_json(request.headers)
     raw = await request.body()
     try:
-        parsed = model.model_validate_json(raw)
+        # in a worker thread: a body of thousands of messages must not stall the event loop
+        parsed = await asyncio.to_thread(model.model_validate_json, raw)
     except ValidationError as error:
         first = _first_error(error)
         if first["type"] == "json_invalid":

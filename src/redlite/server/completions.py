@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
-from redlite.server.access import context_of
+from redlite.server.access import note_event
 from redlite.server.errors import APIError, as_api_error, error_body
 from redlite.server.logprobs import TokenTexts, completion_logprobs
 
@@ -40,19 +40,9 @@ async def submit(state: Any, generation: GenerationRequest, http_request: Any) -
     when the client left while waiting, the job's own error)."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Event] = asyncio.Queue()
-    context = context_of(http_request.scope)
-    completion_tokens = 0
 
     def deliver(event: Event) -> None:
-        nonlocal completion_tokens
-        if event.kind == "done":  # for the access log: prompt, cached, generated (all choices)
-            result = event.value
-            completion_tokens += result.completion_tokens
-            if result.index == 0:
-                first = (result.prompt_tokens, result.cached_tokens)
-                context.tokens = (*first, completion_tokens)
-            elif context.tokens is not None:
-                context.tokens = (*context.tokens[:2], completion_tokens)
+        note_event(http_request.scope, event)  # token counts for the access log
         loop.call_soon_threadsafe(events.put_nowait, event)
 
     job = Job(generation, deliver)
