@@ -36,7 +36,10 @@ Call formats (names shared with the tool-call parsers):
 * ``llama3_json``: ``{"name": "NAME", "parameters": ARGS}`` (one call).
 
 JSON is written compactly with ``", "`` and ``": "`` separators (no free whitespace: a small
-model cannot pad forever), set through llguidance's ``x-guidance`` schema options.
+model cannot pad forever), set through llguidance's ``x-guidance`` schema options. Tool schemas
+and non-strict ``json_schema`` formats are compiled leniently (keywords llguidance does not
+implement are ignored, as agents' tool schemas carry many); a strict ``json_schema`` with such a
+keyword is an error.
 """
 
 from __future__ import annotations
@@ -162,15 +165,15 @@ def _response_format_rule(response_format: dict | None) -> str | None:
         if not isinstance(schema, dict):
             raise ConstraintError("response_format.json_schema.schema must be a JSON object",
                                   "response_format")
-        return _json(schema)
+        return _json(schema, lenient=holder.get("strict") is not True)
     raise ConstraintError(f"response_format type {kind!r} is not supported "
                           "(text, json_object, json_schema)", "response_format")
 
 
-def _json(schema: dict) -> str:
+def _json(schema: dict, lenient: bool = True) -> str:
     """``%json {...}`` of ``schema`` with the compact-output options added."""
     schema = copy.deepcopy(schema)
-    options = dict(JSON_OPTIONS)
+    options = dict(JSON_OPTIONS, lenient=lenient)
     if isinstance(schema.get("x-guidance"), dict):
         options.update(schema["x-guidance"])
     schema["x-guidance"] = options

@@ -267,8 +267,8 @@ class ChatService:
         """The output grammar (:func:`redlite.core.constraints.build_constraint`): forced calls
         for ``required`` / a named function, a lazy call grammar for ``auto`` with tools, the
         ``response_format`` JSON; reasoning may come first when the model reasons (unless
-        ``enable_thinking`` is false). 400 naming
-        the field when it cannot be built (an invalid schema, say)."""
+        ``enable_thinking`` is false). 400 naming the field when it cannot be built (an invalid
+        schema, say), except for the ``auto`` call grammar, which is then left out (logged)."""
         thinking = bool(self.reasoning_format) and request.template_kwargs.get("enable_thinking") is not False
         reasoning = "open" if start_in_reasoning else "optional" if thinking else "none"
         try:
@@ -279,6 +279,11 @@ class ChatService:
             if spec is not None:
                 check_constraint(spec, self.tokenizer)
         except ConstraintError as error:
+            if request.tool_choice == "auto" and not request.response_format:
+                # only the optional call grammar failed: answer unconstrained rather than refuse
+                log.warning("%s tool-call grammar not usable, calls unconstrained: %s",
+                            request.request_id, error)
+                return None
             raise APIError(400, str(error), error.param) from None
         return spec
 
