@@ -221,8 +221,8 @@ def test_sdk_tool_calling_loop_with_thinking(echo, streamed):
 
 
 def test_forced_tool_choice(echo):
-    # the server prefills the call's opening up to the arguments; the echo script continues it
+    # the grammar forces a call of ls; the echo script writes the call it allows
     message = sdk(echo).messages.create(model="m", max_tokens=300, tools=TOOLS,
                                         tool_choice={"type": "tool", "name": "ls"},
-                                        messages=[{"role": "user", "content": '{"path": "/"}}\n</tool_call>'}])
+                                        messages=[{"role": "user", "content": call_text("ls", {"path": "/"})}])
     assert [b.type for b in message.content] == ["tool_use"] and message.content[0].input == {"path": "/"}
