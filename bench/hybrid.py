@@ -156,7 +156,7 @@ def decode_split(engine, ctx, device, reps=50):
 
         def __getattribute__(self, name):
             fn = object.__getattribute__(self, name)
-            if name in object.__getattribute__(self, "leave_out"):
+            if name in object.__getattribute__(self, "__dict__").get("leave_out", ()):
                 def reuse(*args, **kwargs):
                     key = (name,) + tuple(id(a) for a in args)
                     if key not in cached:
@@ -214,7 +214,7 @@ def prefill_speed(engine, sizes, lengths, device):
     engine.reset()
 
 
-def fork(engine, ctx, device, tail=64, gen_tokens=8):
+def fork(engine, ctx, device, profile_to=None, tail=64, gen_tokens=8):
     """Second-turn time to first token after a fork ``tail`` tokens before the end of the
     ``ctx``-token first turn (its last message boundary), with and without reuse."""
     from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings
@@ -236,6 +236,14 @@ def fork(engine, ctx, device, tail=64, gen_tokens=8):
         seconds, result = first_token_s(gen, first[:ctx - tail] + rand(tail))
         assert result.cached_tokens == ctx - tail, (result.cached_tokens, ctx - tail)
         times.append(seconds)
+    if profile_to:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            first_token_s(gen, first[:ctx - tail] + rand(tail))
+        table = prof.key_averages()
+        Path(profile_to).write_text(table.table(sort_by="self_cuda_time_total", row_limit=25) + "\n"
+                                    + table.table(sort_by="cpu_time_total", row_limit=40))
     cold = Generator(engine, StubTokenizer(), GeneratorSettings(reuse=False, checkpoint_interval=8192))
     no_reuse, result = first_token_s(cold, first[:ctx - tail] + rand(tail))
     assert result.cached_tokens == 0
@@ -268,6 +276,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), help="default: 9b on CUDA, 0.8b elsewhere")
     parser.add_argument("--decode-tokens", type=int, default=None)
     parser.add_argument("--skip", default="", help="comma-separated: hf,hf-compile,decode,split,prefill,fork")
+    parser.add_argument("--profile-fork", help="write a torch.profiler table of one reuse fork to this file")
     args = parser.parse_args()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -305,7 +314,7 @@ def main() -> None:
     if "prefill" not in skip:
         section("prefill", prefill_speed, engine, sizes, [8192] if cuda else [512], device)
     if "fork" not in skip:
-        section("fork", fork, engine, 32768 if cuda else 1024, device)
+        section("fork", fork, engine, 32768 if cuda else 1024, device, args.profile_fork)
     if hf is not None:
         from gpu_hf import HF_MODES
 

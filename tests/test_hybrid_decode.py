@@ -152,3 +152,20 @@ def test_fork_from_gpu_checkpoint_decodes_like_cold(dtype):
     engine.prefill(prefix)
     cold = greedy(engine.prefill(fork))
     assert warm == cold
+
+
+def test_checkpoint_restores_through_flat_and_per_tensor_copies():
+    """A payload from export_recurrent restores with one copy per dtype; a plain dict of the
+    same tensors (e.g. read back from disk, or on the host) restores per tensor; both exact."""
+    model = make_model()
+    state = model.new_state(64, "cpu", torch.float32)
+    with torch.inference_mode():
+        model(torch.tensor(ids(20)), state)
+        saved = {name: t.clone() for name, t in state._recurrent_targets().items()}
+        for payload in (state.export_recurrent(), dict(state.export_recurrent()),
+                        {k: v.to(torch.float64) for k, v in state.export_recurrent().items()}):
+            model(torch.tensor(ids(5, seed=9)), state)
+            state.import_recurrent(payload, 20)
+            assert state.n_past == 20
+            for name, t in state._recurrent_targets().items():
+                assert torch.equal(t, saved[name]), name
