@@ -153,3 +153,18 @@ def markdown(R: dict) -> str:
         lines += ["errors:", *[f"- {e}" for e in R["errors"]], ""]
     lines += ["Notes:", *[f"- {n}" for n in m.get("notes", [])]]
     return "\n".join(lines) + "\n"
+
+
+def random_weights(model):
+    """Fill a Qwen3_5Model with random weights in place (normal, std 0.02; decays and norm
+    weights in their usual ranges) and return it; values do not change the work."""
+    gen = torch.Generator(device=model.embed_weight.device).manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("A_log"):
+                param.uniform_(0.0, 2.0, generator=gen)
+            elif "norm" in name or name.endswith("dt_bias"):
+                param.normal_(0.0, 0.1, generator=gen)
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
+    return model.eval()

@@ -178,12 +178,12 @@ class TritonDecodeOps(TorchDecodeOps):
     DEFAULT_PDL_ATTENTION = 0
 
     def __init__(self, device: torch.device, n_kv_heads: int, fused_gemv: bool = True,
-                 pdl: int | None = None, pdl_attention: int | None = None):
+                 pdl: int | None = None, pdl_attention: int | None = None, head_dim: int | None = None):
         super().__init__(F.linear)
         from redlite.layers import triton_decode, triton_gemv
 
         self.kernels, self.gemv = triton_decode, triton_gemv
-        self.n_splits = triton_decode.default_splits(torch.device(device), n_kv_heads)
+        self.n_splits = triton_decode.default_splits(torch.device(device), n_kv_heads, head_dim)
         # finished-slice counts of the attention kernel, one per KV head (it resets them)
         self.counters = torch.zeros(n_kv_heads, dtype=torch.int32, device=device)
         self.fused_gemv = bool(fused_gemv)
@@ -266,7 +266,7 @@ def decode_ops(device: torch.device | str, dtype: torch.dtype, head_dim: int, n_
     pow2 = head_dim >= 16 and head_dim & (head_dim - 1) == 0
     if (device.type == "cuda" and pow2 and dtype in (torch.float32, torch.bfloat16, torch.float16)
             and triton_available()):
-        return TritonDecodeOps(device, n_kv_heads)
+        return TritonDecodeOps(device, n_kv_heads, head_dim=head_dim)
     if device.type == "cuda":
         log.warning("decode step uses torch ops (Triton missing or head_dim %d unsupported)", head_dim)
     return TorchDecodeOps(linear)

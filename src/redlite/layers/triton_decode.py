@@ -215,13 +215,22 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 # 66 splits, block_n 128 or 8 warps were no better on the second machine. Not re-swept for the
 # one-kernel attention (its 32k decode is 86% of the bandwidth bound in bench/results/).
 ATTN_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "splits_per_sm": 2}
+# Per head size, where other settings measured faster (bench/hybrid_tune.py; its output is in
+# bench/results/); missing keys come from ATTN_CONFIG.
+ATTN_CONFIGS_BY_DIM: dict[int, dict] = {}
 
 
-def default_splits(device: torch.device, n_kv_heads: int) -> int:
-    """Key slices per KV head: ``ATTN_CONFIG["splits_per_sm"]`` programs per multiprocessor
-    over all KV heads (at least 1, at most 128)."""
+def attn_config(head_dim: int | None = None) -> dict:
+    """The attention launch settings for ``head_dim`` (``ATTN_CONFIG`` overridden by
+    ``ATTN_CONFIGS_BY_DIM[head_dim]``)."""
+    return {**ATTN_CONFIG, **ATTN_CONFIGS_BY_DIM.get(head_dim, {})}
+
+
+def default_splits(device: torch.device, n_kv_heads: int, head_dim: int | None = None) -> int:
+    """Key slices per KV head: ``splits_per_sm`` (of :func:`attn_config`) programs per
+    multiprocessor over all KV heads (at least 1, at most 128)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    return max(1, min(128, math.ceil(ATTN_CONFIG["splits_per_sm"] * sms / n_kv_heads)))
+    return max(1, min(128, math.ceil(attn_config(head_dim)["splits_per_sm"] * sms / n_kv_heads)))
 
 
 def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -240,7 +249,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     Split-KV ("flash decoding"): ``n_splits`` programs per KV head each take a slice of the
     keys, and the last of them to finish (counted in ``counters``, int32 [KV] zeros, reset by
     the kernel) combines the slices. ``block_n`` (keys per step), ``num_warps``,
-    ``num_stages``: launch settings, default ``ATTN_CONFIG``. ``pdl``: programmatic dependent
+    ``num_stages``: launch settings, default :func:`attn_config`. ``pdl``: programmatic dependent
     launch (see :mod:`redlite.layers.triton_gemv`).
 
     Qwen3.5 gated attention (``gated``): ``qkv`` is [1, (2H + 2 KV) * D] with each query
@@ -249,9 +258,10 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     ``k_norm_weight`` [D] for every k head; the output is multiplied by ``sigmoid(gate)``
     (rounded as :class:`redlite.layers.gated_attention.GatedAttention` rounds).
     """
-    block_n = block_n or ATTN_CONFIG["block_n"]
-    num_warps = num_warps or ATTN_CONFIG["num_warps"]
-    num_stages = num_stages or ATTN_CONFIG["num_stages"]
+    config = attn_config(head_dim)
+    block_n = block_n or config["block_n"]
+    num_warps = num_warps or config["num_warps"]
+    num_stages = num_stages or config["num_stages"]
     group = n_heads // n_kv_heads
     o_part = torch.empty(n_splits, n_heads, head_dim, device=qkv.device, dtype=torch.float32)
     lse = torch.empty(n_splits, n_heads, device=qkv.device, dtype=torch.float32)

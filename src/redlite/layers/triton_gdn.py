@@ -96,6 +96,10 @@ def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_
     _store_state(cs_ptr, k_ch, k_next, KW, KP)
 
 
+# warps per program (bench/hybrid_tune.py measures the choices on the H200)
+GDN_WARPS = 8
+
+
 def supported(num_key_heads: int, num_value_heads: int, key_head_dim: int, value_head_dim: int,
               conv_kernel_size: int) -> bool:
     """True when :func:`gdn_step` takes these shapes: power-of-two head dims >= 16, a conv of
@@ -107,14 +111,15 @@ def supported(num_key_heads: int, num_value_heads: int, key_head_dim: int, value
 
 
 def gdn_step(proj: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor, mixer,
-             pdl: int = 0, num_warps: int = 8) -> torch.Tensor:
+             pdl: int = 0, num_warps: int | None = None) -> torch.Tensor:
     """One token through the Gated DeltaNet layer ``mixer`` between its two projections.
 
     ``proj``: [1, C + Hv*Dv + 2*Hv] (the input projection's output: q, k, v, z, b, a),
     contiguous; ``conv_state`` [C, K - 1] (model dtype) and ``recurrent_state`` [Hv, Dk, Dv]
     (float32), both contiguous and updated in place. Returns [1, Hv*Dv] in proj's dtype: the
     gated-normalised output, ready for ``out_proj``. ``pdl``: programmatic dependent launch
-    (see :mod:`redlite.layers.triton_gemv`). Shapes must pass :func:`supported`.
+    (see :mod:`redlite.layers.triton_gemv`). ``num_warps``: default ``GDN_WARPS``. Shapes
+    must pass :func:`supported`.
     """
     m = mixer
     out = torch.empty(1, m.value_dim, device=proj.device, dtype=proj.dtype)
@@ -123,5 +128,5 @@ def gdn_step(proj: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torc
         proj, conv_state, m.conv_weight, m.A_log, m.dt_bias, recurrent_state, m.norm_weight, out,
         float(m.eps), m.key_head_dim ** -0.5, HK=m.num_key_heads, HV=m.num_value_heads, DK=m.key_head_dim,
         DV=m.value_head_dim, KW=m.conv_kernel_size, KP=triton.next_power_of_2(m.conv_kernel_size),
-        PDL=int(pdl), num_warps=num_warps, **extra)
+        PDL=int(pdl), num_warps=num_warps or GDN_WARPS, **extra)
     return out
