@@ -98,44 +98,6 @@ def checks(hf, engine, device):
     say(f"checks: {R['checks']}")
 
 
-def decode_rate(engine, ctx, n_tokens, device) -> float:
-    """Best of 2 runs of ``n_tokens`` greedy decode tokens/s at context ``ctx`` (random KV rows,
-    the recurrent state as a 16-token prefill left it)."""
-    engine.reset()
-    logits = engine.prefill(list(range(16)))
-    with torch.inference_mode():
-        engine.state.cache.data[:, :, :, :ctx].normal_()
-    best = 0.0
-    for _ in range(2):
-        engine.state.n_past = ctx
-        for _ in range(3):  # warm-up (captures the graph the first time)
-            logits = engine.decode(int(torch.argmax(logits)))
-        engine.state.n_past = ctx
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(n_tokens):
-            logits = engine.decode(int(torch.argmax(logits)))
-        int(torch.argmax(logits))
-        best = max(best, n_tokens / (time.perf_counter() - t0))
-    return best
-
-
-def decode_speed(engine, sizes, contexts, n_tokens, device):
-    bw = R["ceilings"].get("copy_bw_Bps")
-    for ctx in contexts:
-        rate = decode_rate(engine, ctx, n_tokens, device)
-        kv = sizes["kv_bytes_per_token"] * (ctx + n_tokens / 2)
-        per_token = sizes["weight_bytes_per_token"] + kv + sizes["state_bytes_per_token"]
-        bound = bw / per_token if bw else float("nan")
-        row = {"context": ctx, "tok_s": rate, "bytes_per_token": per_token, "kv_bytes": kv,
-               "bound_tok_s": bound, "pct_of_bound": 100 * rate / bound, "path": engine.decode_path}
-        R["decode"].append(row)
-        R.setdefault("decode_pct_of_bound", {})[str(ctx)] = row["pct_of_bound"]
-        say(f"decode @ {ctx:>6}: {rate:8.1f} tok/s   bound {bound:8.1f} tok/s ({per_token / 1e9:.2f} GB/token)"
-            f"   {row['pct_of_bound']:5.1f}%   [{engine.decode_path}]")
-    engine.reset()
-
-
 def decode_split(engine, ctx, device, reps=50):
     """Milliseconds per decode step with the Gated DeltaNet step, the attention, or every
     matrix product left out (their outputs reused): where the time goes."""
@@ -309,7 +271,7 @@ def main() -> None:
         f"{sizes['weight_bytes_per_token'] / 1e9:.2f} GB weights read per decode token")
     section("checks", checks, hf, engine, device)
     if "decode" not in skip:
-        section("decode", decode_speed, engine, sizes, contexts, n_decode, device)
+        section("decode", gpu.decode_speed, engine, sizes, contexts, n_decode, device)
     if cuda and "split" not in skip:
         section("decode split", decode_split, engine, 8192, device)
     section("checkpoint", checkpoint_cost, engine, device)

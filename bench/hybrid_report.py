@@ -9,6 +9,8 @@ import re
 
 import torch
 
+import gpu_hf
+
 COMMON = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": 248320,
           "hidden_act": "silu", "rms_norm_eps": 1e-6, "full_attention_interval": 4,
           "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
@@ -71,14 +73,7 @@ def build_hf(config: dict, device: torch.device, dtype: torch.dtype):
     hf_config._attn_implementation = "sdpa"
     hf_config.eos_token_id = None
     hf_config.pad_token_id = 0
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = transformers.Qwen3_5ForCausalLM(hf_config)
-    finally:
-        torch.set_default_dtype(previous)
-    return model.eval()
+    return gpu_hf.build_hf(hf_config, device, dtype, transformers.Qwen3_5ForCausalLM)
 
 
 def model_sizes(model) -> dict:

@@ -17,7 +17,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu  # noqa: E402
-import hybrid  # noqa: E402
 from hybrid_report import random_weights  # noqa: E402
 from hybrid_report import SHAPES, model_sizes  # noqa: E402
 
@@ -111,10 +110,9 @@ def main() -> None:
                                                    attn_cfg))
         triton_gdn.GDN_WARPS = warps
         engine = TorchEngine(model, ctx_size=32768 + 1024, device=device, dtype=torch.bfloat16)
-        hybrid.R["ceilings"] = gpu.R["ceilings"]
-        hybrid.R["decode"] = []
-        hybrid.decode_speed(engine, model_sizes(model), [1024, 8192, 32768], 128, device)
-        decode[label] = hybrid.R["decode"]
+        gpu.R["decode"] = []
+        gpu.decode_speed(engine, model_sizes(model), [1024, 8192, 32768], 128, device)
+        decode[label] = gpu.R["decode"]
         del engine
     result = {"rows": rows, "best_attention": best_attn, "best_gdn_warps": best_gdn, "decode": decode,
               "ceilings": gpu.R["ceilings"]}
