@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--reasoning-parser", default=None, choices=["qwen3", "none"],
                        help="reasoning markup of the output (default: qwen3 when the chat template "
                             "mentions <think>, else none)")
+    serve.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
+                       help="serve GET /metrics (Prometheus) and count requests for it")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return parser
 

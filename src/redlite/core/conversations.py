@@ -98,11 +98,16 @@ def reset(gen: "Generator") -> int:
 
 class Conversations:
     """The parking tiers of one generator: ``pool`` (RAM, may be None) and ``sessions``
-    (disk, may be None). Used from the engine worker thread only."""
+    (disk, may be None). Used from the engine worker thread only.
+
+    restores / restore_seconds: successful restores and the seconds they took, per tier
+    (``ram``, ``disk``), for the metrics (read from other threads)."""
 
     def __init__(self, pool: ParkingPool | None, sessions: SessionStore | None,
                  clock=time.time) -> None:
         self.pool, self.sessions, self._clock = pool, sessions, clock
+        self.restores: dict[str, int] = {}
+        self.restore_seconds: dict[str, float] = {}
 
     # --- the candidate-selection step --------------------------------------------------------
 
@@ -137,8 +142,11 @@ class Conversations:
             if self._live_would_lose(gen, live_common, choice.usable):
                 self.park_live(gen, frozenset({choice.key}))
             if install(gen, entry):
+                seconds = time.perf_counter() - started
+                self.restores[choice.tier] = self.restores.get(choice.tier, 0) + 1
+                self.restore_seconds[choice.tier] = self.restore_seconds.get(choice.tier, 0.0) + seconds
                 log.info("%s restored from %s %d tok in %.1f ms (usable %d)", request_id, choice.tier,
-                         len(entry.held_ids), (time.perf_counter() - started) * 1000.0, choice.usable)
+                         len(entry.held_ids), seconds * 1000.0, choice.usable)
             elif choice.tier == "disk" and choice.key not in self.sessions:
                 self._select(gen, prompt, request_id)  # a refused file left the index: again
             return

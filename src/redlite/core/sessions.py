@@ -162,6 +162,7 @@ class SessionStore:
         self.directory = Path(directory)
         self.expected = expected
         self.min_tokens, self.keep, self.max_bytes = int(min_tokens), int(keep), int(max_bytes)
+        self.refusals = 0
         self._opener, self._clock = opener, clock
         self._entries: dict[str, DiskEntry] = {}
         self._rejected: dict[str, FileStats] = {}  # name in rejected/ -> size, mtime
@@ -248,7 +249,9 @@ class SessionStore:
         return self._entries.pop(key, None)
 
     def _reject(self, path: Path, error: SessionFileError) -> None:
-        """Log a refused file and move it to ``rejected/`` when this server may move it."""
+        """Log a refused file and move it to ``rejected/`` when this server may move it
+        (counted in ``refusals``, for the metrics)."""
+        self.refusals += 1
         name = path.name
         if not self.owners.may_delete(name):  # another live server's (another model's?) file
             log.warning("refused file %s reason=%s (%s); left in place (its writer is running)",

@@ -30,12 +30,14 @@ SCOPE_KEY = "redlite.context"
 class RequestContext:
     """Per-request facts shared by the middlewares and the routes (``scope[SCOPE_KEY]``).
 
-    tokens: (prompt, reused, generated) token counts once a generation ended, else None."""
+    tokens: (prompt, reused, generated) token counts once a generation ended, else None.
+    results: the generations' results (one per choice), for the metrics."""
 
     request_id: str = field(default_factory=lambda: f"req_{uuid.uuid4().hex[:24]}")
     started: float = field(default_factory=time.perf_counter)
     status: int | None = None
     tokens: tuple[int, int, int] | None = None
+    results: list = field(default_factory=list)
 
     @property
     def hex(self) -> str:
@@ -64,6 +66,7 @@ def note_event(scope, event) -> None:
         return
     result = event.value
     context = context_of(scope)
+    context.results.append(result)
     if getattr(result, "index", 0) and context.tokens is not None:  # a later choice of n
         prompt, reused, generated = context.tokens
         context.tokens = (prompt, reused, generated + result.completion_tokens)
@@ -72,10 +75,12 @@ def note_event(scope, event) -> None:
 
 
 class AccessMiddleware:
-    """Pure ASGI middleware: see the module docstring."""
+    """Pure ASGI middleware: see the module docstring. ``on_end(scope, context)`` (optional)
+    runs after each HTTP request, after the log line (the metrics count it there)."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, on_end=None) -> None:
         self.app = app
+        self.on_end = on_end
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -104,6 +109,8 @@ class AccessMiddleware:
                 raise
         finally:
             self._log(scope, context)
+            if self.on_end is not None:
+                self.on_end(scope, context)
 
     @staticmethod
     def _log(scope, context: RequestContext) -> None:

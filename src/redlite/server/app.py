@@ -30,6 +30,8 @@ from redlite.server.access import AccessMiddleware, context_of
 from redlite.server.chat_service import ChatService
 from redlite.server.errors import APIError, surface_of
 from redlite.server.limits import BodyLimitMiddleware
+from redlite.server.metrics import ServerMetrics
+from redlite.server.observe_routes import mount_observe_routes
 from redlite.server.openai_chat import chat_request_of, stream_chunks
 from redlite.server.openai_chat import completion_body as chat_completion_body
 from redlite.server.anthropic import mount_anthropic_routes
@@ -60,6 +62,7 @@ class ServerState:
     chat_options: Any = None  # redlite.server.chat_service.ChatOptions (--tool-parser ...)
     chat: Any = None  # the ChatService every chat adapter calls (made by create_app when None)
     ping_interval_s: float = 5.0  # Anthropic streams: a ping after this long without output
+    metrics: bool = True  # --metrics / --no-metrics: GET /metrics and the per-request counts
 
 
 def _param_of(loc: tuple) -> str | None:
@@ -105,7 +108,10 @@ def create_app(state: ServerState) -> FastAPI:
                            allow_methods=["GET", "HEAD", "POST"],
                            allow_headers=["authorization", "content-type", "x-api-key"],
                            expose_headers=["x-request-id", "retry-after"])
-    app.add_middleware(AccessMiddleware)
+    metrics = ServerMetrics(state) if state.metrics else None
+    app.add_middleware(AccessMiddleware, on_end=(
+        None if metrics is None else
+        lambda scope, context: metrics.observe(scope, context.status, context.results)))
     if state.chat is None:  # no tokenizer lock: rendering and tokenizing are thread-safe
         state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
                                  state.chat_options)
@@ -212,6 +218,7 @@ def create_app(state: ServerState) -> FastAPI:
     mount_responses_routes(app, state)
     install_openapi(app, state)
     mount_tokenize_routes(app, state)
+    mount_observe_routes(app, state, metrics)
     return app
 
 

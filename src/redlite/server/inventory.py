@@ -1,0 +1,75 @@
+"""The conversations the server holds, read at request time (``GET /v1/conversations``,
+``GET /slots``, the metrics collector).
+
+Tiers: ``live`` (the engine's state, on the device), ``ram`` (the parking pool in host
+memory), ``disk`` (session files). Read from the engine worker's objects without a lock: the
+worker may change them meanwhile, so a read that races a change is retried (a snapshot is a
+few list copies, no per-token work). Bytes: engine state + checkpoints (live), entry payload
+(ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: None).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _conversation(tier: str, key: Any, tokens: int, nbytes: int, checkpoints: list[int],
+                  last_used: float | None, session_key: str | None = None) -> dict:
+    return {"id": str(key), "tier": tier, "session_key": session_key, "tokens": int(tokens),
+            "bytes": int(nbytes), "checkpoints": [int(p) for p in checkpoints],
+            "last_used": last_used}
+
+
+def _read(generator: Any) -> list[dict]:
+    engine = generator.engine
+    out = []
+    held = len(generator.held_ids)
+    if held:
+        positions = list(generator.checkpoints.positions)
+        live_bytes = int(engine.state_nbytes()) + sum(
+            int(getattr(c, "nbytes", 0)) for c in generator.checkpoints.items())
+        out.append(_conversation("live", "live", held, live_bytes, positions, None))
+    parking = getattr(generator, "parking", None)
+    pool = getattr(parking, "pool", None)
+    for entry in (pool.entries() if pool is not None else []):
+        out.append(_conversation("ram", entry.key, len(entry.held_ids), entry.nbytes,
+                                 entry.checkpoint_positions, entry.last_used))
+    sessions = getattr(parking, "sessions", None)
+    for entry in (sessions.entries() if sessions is not None else []):
+        out.append(_conversation("disk", entry.key, len(entry.held_ids), entry.nbytes,
+                                 entry.checkpoint_positions, entry.last_used))
+    return out
+
+
+def conversations(generator: Any, attempts: int = 5) -> list[dict]:
+    """Every held, parked and stored conversation (see module docstring), live first."""
+    for attempt in range(attempts):
+        try:
+            return _read(generator)
+        except (RuntimeError, KeyError, IndexError):  # changed under us by the worker: again
+            if attempt == attempts - 1:
+                raise
+    return []
+
+
+def budgets(generator: Any) -> dict[str, int | None]:
+    """Byte budget per tier (None: unbounded or tier absent): ``ram`` ``--park-mib``,
+    ``disk`` ``--session-max-gb``, ``live`` the checkpoint budget only (the engine's state is
+    preallocated)."""
+    parking = getattr(generator, "parking", None)
+    pool = getattr(parking, "pool", None)
+    sessions = getattr(parking, "sessions", None)
+    return {"live": None,
+            "ram": pool.budget_bytes if pool is not None else None,
+            "disk": sessions.max_bytes if sessions is not None else None}
+
+
+def tier_totals(items: list[dict]) -> dict[str, tuple[int, int, int]]:
+    """(conversations, tokens, bytes) per tier, every tier present (zeros when empty)."""
+    totals = {tier: [0, 0, 0] for tier in ("live", "ram", "disk")}
+    for item in items:
+        row = totals[item["tier"]]
+        row[0] += 1
+        row[1] += item["tokens"]
+        row[2] += item["bytes"]
+    return {tier: tuple(row) for tier, row in totals.items()}

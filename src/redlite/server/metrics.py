@@ -1,0 +1,145 @@
+"""Prometheus metrics (``GET /metrics``, text format 0.0.4, through ``prometheus-client``).
+
+Per app a :class:`~prometheus_client.CollectorRegistry` of its own (in-process tests build many
+apps). Counted once per request, when the access middleware ends it (no per-token work):
+
+- ``redlite_requests_total{route,method,status}``: route is the matched path template
+  (``/v1/models/{model_id}``), ``unmatched`` for a 404 outside every route;
+- ``redlite_tokens_total{kind}``: kind ``prompt``, ``reused`` (held state kept), ``prefilled``
+  (prompt - reused) for each request's first choice; ``generated`` for every choice;
+- ``redlite_time_to_first_token_seconds`` and ``redlite_time_per_output_token_seconds``
+  histograms (TPOT = 1 / the decode rate, choices with >= 2 tokens);
+- ``redlite_cache_misses_total{action,reason}``: reuse plans that were not a plain extension
+  (:class:`redlite.core.reuse.ReusePlan`), first choices only.
+
+Read at scrape time from the worker's objects (:mod:`redlite.server.inventory`):
+``redlite_conversations{tier}``, ``redlite_conversation_tokens{tier}``,
+``redlite_conversation_bytes{tier}``, ``redlite_tier_budget_bytes{tier}``,
+``redlite_restores_total{tier}`` and ``redlite_restore_seconds_total{tier}`` (from
+:class:`redlite.core.conversations.Conversations`), ``redlite_queue_depth``,
+``redlite_running_sequences``, ``redlite_session_file_refusals_total``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally, deque
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from redlite.server import inventory
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+TIERS = ("live", "ram", "disk")
+
+
+def route_of(scope: dict) -> str:
+    """The matched route's path template, else ``unmatched`` (bounded label values)."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
+class _StateCollector:
+    """Gauges and counters read from the server's objects at scrape time."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def collect(self):
+        worker = self.state.worker
+        generator = worker.generator
+        items = inventory.conversations(generator)
+        totals = inventory.tier_totals(items)
+        families = [
+            GaugeMetricFamily("redlite_conversations", "Conversations held per tier", labels=["tier"]),
+            GaugeMetricFamily("redlite_conversation_tokens", "Tokens held per tier", labels=["tier"]),
+            GaugeMetricFamily("redlite_conversation_bytes", "Bytes held per tier", labels=["tier"]),
+        ]
+        for tier in TIERS:
+            for family, value in zip(families, totals[tier]):
+                family.add_metric([tier], value)
+        yield from families
+        budget = GaugeMetricFamily("redlite_tier_budget_bytes", "Byte budget per tier",
+                                   labels=["tier"])
+        for tier, value in inventory.budgets(generator).items():
+            if value is not None:
+                budget.add_metric([tier], value)
+        yield budget
+        parking = getattr(generator, "parking", None)
+        restores = CounterMetricFamily("redlite_restores", "Conversations restored per tier",
+                                       labels=["tier"])
+        seconds = CounterMetricFamily("redlite_restore_seconds",
+                                      "Time spent restoring conversations per tier",
+                                      labels=["tier"])
+        counts = dict(getattr(parking, "restores", {}) or {})
+        spent = dict(getattr(parking, "restore_seconds", {}) or {})
+        for tier in ("ram", "disk"):
+            restores.add_metric([tier], counts.get(tier, 0))
+            seconds.add_metric([tier], spent.get(tier, 0.0))
+        yield restores
+        yield seconds
+        yield GaugeMetricFamily("redlite_queue_depth", "Requests waiting behind the running one",
+                                value=worker.queue_depth)
+        yield GaugeMetricFamily("redlite_running_sequences", "Sequences being generated",
+                                value=1 if worker.busy else 0)
+        sessions = getattr(parking, "sessions", None)
+        yield CounterMetricFamily("redlite_session_file_refusals",
+                                  "Session files refused (wrong model, format, checksum)",
+                                  value=getattr(sessions, "refusals", 0))
+
+
+class ServerMetrics:
+    """The metrics of one app (see module docstring). ``observe`` runs on the event loop at
+    the end of each request; ``render`` answers a scrape."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, state: Any, recent: int = 50) -> None:
+        # for the dashboard: the last requests that generated, and first choices per outcome
+        # (``extend``, or the miss reason)
+        self.recent: deque = deque(maxlen=recent)
+        self.outcomes: Tally = Tally()
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("redlite_requests", "HTTP requests by route and status",
+                                ["route", "method", "status"], registry=registry)
+        self.tokens = Counter("redlite_tokens", "Tokens by kind", ["kind"], registry=registry)
+        self.ttft = Histogram("redlite_time_to_first_token_seconds", "Time to first token",
+                              buckets=TTFT_BUCKETS, registry=registry)
+        self.tpot = Histogram("redlite_time_per_output_token_seconds", "Time per output token",
+                              buckets=TPOT_BUCKETS, registry=registry)
+        self.misses = Counter("redlite_cache_misses", "Reuse plans that were not an extension",
+                              ["action", "reason"], registry=registry)
+        for kind in ("prompt", "reused", "prefilled", "generated"):
+            self.tokens.labels(kind)
+        registry.register(_StateCollector(state))
+
+    def observe(self, scope: dict, status: int | None, results: list) -> None:
+        """Count one finished request and its generations' results
+        (:class:`~redlite.core.generation.GenerationResult`)."""
+        self.requests.labels(route_of(scope), scope["method"], str(status or 0)).inc()
+        for result in results:
+            self.tokens.labels("generated").inc(result.completion_tokens)
+            if result.completion_tokens >= 2 and result.decode_tokens_per_s > 0:
+                self.tpot.observe(1.0 / result.decode_tokens_per_s)
+            if result.index:
+                continue
+            self.tokens.labels("prompt").inc(result.prompt_tokens)
+            self.tokens.labels("reused").inc(result.cached_tokens)
+            self.tokens.labels("prefilled").inc(result.prompt_tokens - result.cached_tokens)
+            self.ttft.observe(result.ttft_ms / 1000.0)
+            plan = result.plan
+            reason = plan.reason.value if plan is not None and plan.reason is not None else None
+            if reason is not None:
+                self.misses.labels(plan.action.value, reason).inc()
+            self.outcomes[reason or "extend"] += 1
+            self.recent.append({"route": route_of(scope), "status": status,
+                                "prompt": result.prompt_tokens, "reused": result.cached_tokens,
+                                "prefilled": result.prompt_tokens - result.cached_tokens,
+                                "generated": result.completion_tokens,
+                                "ttft_ms": round(result.ttft_ms, 3), "miss_reason": reason})
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

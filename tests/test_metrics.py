@@ -1,0 +1,106 @@
+"""GET /metrics, /v1/conversations, /slots and /dashboard/data on the in-process echo app:
+after a known sequence of requests the counters are exactly what the server did."""
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from echo_app import echo_client
+
+def samples(client) -> dict:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+def value(metrics, name, **labels):
+    return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
+
+def complete(client, prompt, max_tokens=4):
+    response = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens})
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]
+
+def test_counters_after_a_known_sequence():
+    with echo_client() as client:
+        first = complete(client, "hello world, this is one")           # cold: empty
+        other = complete(client, "zzz other prompt")                  # parks the first in RAM
+        again = complete(client, "hello world, this is one more")     # restores it from RAM
+        assert client.get("/nope").status_code == 404
+        assert client.post("/v1/completions", json={"prompt": ""}).status_code == 400
+        m = samples(client)
+    usages = [first, other, again]
+    assert value(m, "redlite_requests_total", route="/v1/completions", method="POST", status="200") == 3
+    assert value(m, "redlite_requests_total", route="/v1/completions", method="POST", status="400") == 1
+    assert value(m, "redlite_requests_total", route="unmatched", method="GET", status="404") == 1
+    prompt = sum(u["prompt_tokens"] for u in usages)
+    reused = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    assert (prompt, reused) == (24 + 16 + 29, 24)
+    assert value(m, "redlite_tokens_total", kind="prompt") == prompt
+    assert value(m, "redlite_tokens_total", kind="reused") == reused
+    assert value(m, "redlite_tokens_total", kind="prefilled") == prompt - reused
+    assert value(m, "redlite_tokens_total", kind="generated") == 12
+    assert value(m, "redlite_time_to_first_token_seconds_count") == 3
+    assert value(m, "redlite_time_per_output_token_seconds_count") == 3
+    assert value(m, "redlite_cache_misses_total", action="reset", reason="empty") == 1
+    assert value(m, "redlite_cache_misses_total", action="reset", reason="token-mismatch") == 1
+    # the restored conversation held 3 generated tokens the new prompt does not have
+    assert value(m, "redlite_cache_misses_total", action="rewind", reason="token-mismatch") == 1
+    assert value(m, "redlite_restores_total", tier="ram") == 1
+    assert value(m, "redlite_restores_total", tier="disk") == 0
+    assert value(m, "redlite_restore_seconds_total", tier="ram") > 0
+    # live: the third prompt + 3 fed-back tokens; RAM: the first (24 + 3) and second (16 + 3)
+    assert value(m, "redlite_conversations", tier="live") == 1
+    assert value(m, "redlite_conversation_tokens", tier="live") == 29 + 3
+    assert value(m, "redlite_conversations", tier="ram") == 2
+    assert value(m, "redlite_conversation_tokens", tier="ram") == 27 + 19
+    assert value(m, "redlite_tier_budget_bytes", tier="ram") == 1 << 20
+    assert value(m, "redlite_queue_depth") == 0
+    assert value(m, "redlite_running_sequences") == 0
+    assert value(m, "redlite_session_file_refusals_total") == 0
+
+def test_streamed_chat_is_counted_once_with_its_tokens():
+    with echo_client() as client:
+        body = {"messages": [{"role": "user", "content": "Paris!"}], "stream": True,
+                "stream_options": {"include_usage": True}}
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            text = "".join(response.iter_text())
+        assert '"completion_tokens":6' in text.replace(" ", "")
+        m = samples(client)
+    assert value(m, "redlite_requests_total", route="/v1/chat/completions", method="POST",
+                 status="200") == 1
+    assert value(m, "redlite_tokens_total", kind="generated") == 6
+
+def test_conversations_slots_and_dashboard_data_match_the_metrics():
+    with echo_client() as client:
+        complete(client, "first conversation here")
+        complete(client, "second one")
+        conversations = client.get("/v1/conversations").json()
+        m = samples(client)
+        slots = client.get("/slots").json()
+        data = client.get("/dashboard/data").json()
+    tiers = [c["tier"] for c in conversations["data"]]
+    assert tiers == ["live", "ram"]
+    live, parked = conversations["data"]
+    assert live["tokens"] == len("second one") + 3 and parked["tokens"] == len("first conversation here") + 3
+    assert live["session_key"] is None and parked["last_used"] > 0
+    for tier, totals in conversations["tiers"].items():
+        assert totals["conversations"] == value(m, "redlite_conversations", tier=tier)
+        assert totals["bytes"] == value(m, "redlite_conversation_bytes", tier=tier)
+    assert conversations["tiers"]["ram"]["budget_bytes"] == 1 << 20
+    assert slots == [{"id": 0, "id_task": -1, "n_ctx": 1 << 20, "is_processing": False,
+                      "n_past": live["tokens"], "checkpoints": []}]
+    assert [r["prompt"] for r in data["recent"]] == [23, 10]
+    assert data["outcomes"] == {"empty": 1, "token-mismatch": 1}
+
+def test_no_metrics_has_no_route_and_counts_nothing():
+    with echo_client(metrics=False) as client:
+        complete(client, "abc")
+        assert client.get("/metrics").status_code == 404
+        assert client.get("/dashboard/data").json() == {"recent": [], "outcomes": {}}
+        assert client.get("/v1/conversations").status_code == 200
