@@ -5,6 +5,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from echo_app import echo_client
 
+
 def samples(client) -> dict:
     response = client.get("/metrics")
     assert response.status_code == 200

@@ -20,7 +20,7 @@ from redlite.server.schemas import (UNSUPPORTED_FIELDS, ChatCompletionRequest,
                                     CompletionRequest, SlotRequest, unsupported_json_schema)
 from redlite.server.sampling_fields import MAX_TOP_LOGPROBS
 from redlite.server.slots import MAX_FILENAME
-from redlite.server.wire_openapi import wire_paths, wire_routes
+from redlite.server.wire_openapi import observe_routes, wire_paths, wire_routes
 
 REF = "#/components/schemas/{model}"
 
@@ -179,6 +179,7 @@ def build_openapi(app: FastAPI, state: Any) -> dict:
                                        else [*post, 501]),
     }
     routes.update(wire_routes(components, post, generation, common))
+    routes.update(observe_routes(common))
     paths = document.setdefault("paths", {})
     for path, operations in wire_paths().items():
         paths.setdefault(path, {}).update(operations)

@@ -105,3 +105,33 @@ def wire_paths() -> dict[str, dict[str, dict]]:
                 "parameters": parameter},
         "delete": {"operationId": "delete_response", "summary": "Delete a stored response",
                    "parameters": parameter}}}
+
+
+_CONVERSATION = {"type": "object", "required": ["id", "tier", "session_key", "tokens", "bytes",
+                                                "checkpoints", "last_used"],
+                 "properties": {"id": {"type": "string"},
+                                "tier": {"enum": ["live", "ram", "disk"]},
+                                "session_key": {"type": ["string", "null"]},
+                                "tokens": {"type": "integer", "minimum": 0},
+                                "bytes": {"type": "integer", "minimum": 0},
+                                "checkpoints": {"type": "array", "items": {"type": "integer"}},
+                                "last_used": {"type": ["number", "null"]}}}
+
+
+def observe_routes(common: list[int]) -> dict:
+    """The operator routes' answers (:mod:`redlite.server.observe_routes`) for the ``routes``
+    table of :func:`redlite.server.openapi.build_openapi` (no bodies)."""
+    def as_json(schema: dict) -> dict:
+        return {"application/json": {"schema": schema}}
+    conversations = {"type": "object", "required": ["object", "data", "tiers"],
+                     "properties": {"object": {"const": "list"},
+                                    "data": {"type": "array", "items": _CONVERSATION},
+                                    "tiers": {"type": "object"}}}
+    slots = {"type": "array", "items": {"type": "object", "required": ["id", "n_ctx", "n_past"]}}
+    data = {"type": "object", "required": ["recent", "outcomes"],
+            "properties": {"recent": {"type": "array"}, "outcomes": {"type": "object"}}}
+    return {("/metrics", "get"): (None, {200: {"text/plain": {"schema": {"type": "string"}}}}, common),
+            ("/v1/conversations", "get"): (None, {200: as_json(conversations)}, common),
+            ("/slots", "get"): (None, {200: as_json(slots)}, common),
+            ("/dashboard", "get"): (None, {200: {"text/html": {"schema": {"type": "string"}}}}, common),
+            ("/dashboard/data", "get"): (None, {200: as_json(data)}, common)}
