@@ -51,7 +51,7 @@ def test_qwen3_template_renders_calls_results_and_reasoning(hf_tokenizer):
     tok = with_template(hf_tokenizer, "qwen3_tools.jinja")
     text = render_request(tok, ChatRequest(HISTORY, tools=TOOLS)).text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
-    assert "<think>\nCall the tool.\n</think>\n\n<tool_call>" in text
+    assert "<think>\nCall the tool.\n</think>\n<tool_call>" in text
     assert "<tool_response>\nsunny\n</tool_response>" in text
     assert json.dumps(TOOLS[0]) in text
     assert text.endswith("<|im_start|>assistant\n<think>\n")

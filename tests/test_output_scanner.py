@@ -238,3 +238,8 @@ def test_one_call_when_parallel_calls_are_off():
         _, out = scanner.finish("stop")
         assert calls(out) == [("a", {})] and out.finish_reason == "tool_calls"
         assert all(e.value.index == 0 for e in events if e.kind == "tool_call")
+
+
+def test_call_cut_before_its_name_is_neither_call_nor_text():
+    out = check('Text.\n<tool_call>\n{"na', HERMES, reason="length")
+    assert (out.content, out.tool_calls, out.finish_reason) == ("Text.", [], "length")

@@ -254,8 +254,7 @@ class OutputScanner:
                     self._drop(call.index)
             elif call.started:
                 self._drop(call.index)  # cut by max_tokens: no half call is reported
-            else:
-                self._emit(self._mode, call._opening + call.raw, events)
+            # a call cut before its name was complete is dropped too (it is no text either)
         elif self._pending:
             self._emit(self._mode, self._pending, events)
             self._pending = ""
