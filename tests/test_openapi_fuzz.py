@@ -2,11 +2,11 @@
 /openapi.json, every check (no 5xx, statuses / content types / bodies as documented, valid data
 accepted, invalid data rejected, 405s with Allow...), bounded examples (about 20 s here)."""
 
+import atexit
 import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
 import schemathesis
 from hypothesis import settings
 from schemathesis.config import SchemathesisConfig
@@ -16,21 +16,18 @@ from redlite.server.app import create_app
 
 MAX_EXAMPLES = 60
 
-_config = SchemathesisConfig.from_dict({
+CONFIG = SchemathesisConfig.from_dict({
     "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "deterministic": True,
                    "database": "none"},
     "checks": {"enabled": True},
 })
-_slot_dir = Path(tempfile.mkdtemp(prefix="redlite-fuzz-"))
-_state = echo_state(slot_dir=_slot_dir / "slots")
-schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(_state), config=_config)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _cleanup():
-    yield
-    _state.worker.shutdown(wait_s=2.0)
-    shutil.rmtree(_slot_dir, ignore_errors=True)
+# The schema is loaded at collection time (schemathesis parametrizes from it), so the app and
+# its slot folder exist for the whole session; the folder is removed when the process exits.
+_slot_root = Path(tempfile.mkdtemp(prefix="redlite-fuzz-"))
+atexit.register(shutil.rmtree, _slot_root, ignore_errors=True)
+_state = echo_state(slot_dir=_slot_root / "slots")
+schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(_state), config=CONFIG)
 
 
 @schema.parametrize()

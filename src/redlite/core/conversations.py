@@ -58,6 +58,8 @@ def install(gen: "Generator", entry: ParkedEntry) -> bool:
     engine = gen.engine
     gen.failed = True
     try:
+        if entry.fill is not None:  # a file: straight into the engine's memory where it can
+            entry.fill(engine)
         engine.restore(entry.snapshot)
         checkpoints = [c.obj if c.obj is not None else
                        engine.checkpoint_from_tensors(c.position, c.tensors, c.meta, c.turn_boundary)
@@ -65,6 +67,8 @@ def install(gen: "Generator", entry: ParkedEntry) -> bool:
         if engine.n_past != len(entry.held_ids):
             raise RuntimeError(f"engine holds {engine.n_past} tokens after restore, "
                                f"expected {len(entry.held_ids)}")
+        if entry.verify is not None:  # a file read while it was copied in: checksum now
+            entry.verify()
         gen.held_ids = list(entry.held_ids)
         gen.checkpoints.clear()
         for checkpoint in checkpoints:
@@ -133,6 +137,8 @@ class Conversations:
             if install(gen, entry):
                 log.info("%s restored from %s %d tok in %.1f ms (usable %d)", request_id, choice.tier,
                          len(entry.held_ids), (time.perf_counter() - started) * 1000.0, choice.usable)
+            elif choice.tier == "disk" and choice.key not in self.sessions:
+                self._select(gen, prompt, request_id)  # a refused file left the index: again
             return
 
     def _candidates(self, prompt: list[int], live_usable: int, engine) -> list[Candidate]:

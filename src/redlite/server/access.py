@@ -71,7 +71,10 @@ class AccessMiddleware:
         async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
                 context.status = message["status"]
-                message = dict(message, headers=[*message.get("headers", []), header])
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                    headers.append(header)
+                message = dict(message, headers=headers)
             await send(message)
 
         try:

@@ -32,6 +32,8 @@ from redlite.server.errors import APIError, as_api_error, error_body, error_resp
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.openai_chat import chat_request_of, stream_chunks
 from redlite.server.openai_chat import completion_body as chat_completion_body
+from redlite.server.anthropic import mount_anthropic_routes
+from redlite.server.responses import mount_responses_routes
 from redlite.server.openapi import install_openapi
 from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
                                     unsupported_field)
@@ -57,6 +59,7 @@ class ServerState:
     security: SecurityOptions = field(default_factory=SecurityOptions)
     chat_options: Any = None  # redlite.server.chat_service.ChatOptions (--tool-parser ...)
     chat: Any = None  # the ChatService every chat adapter calls (made by create_app when None)
+    ping_interval_s: float = 5.0  # Anthropic streams: a ping after this long without output
 
 
 def _param_of(loc: tuple) -> str | None:
@@ -241,6 +244,8 @@ def create_app(state: ServerState) -> FastAPI:
         return await _collect(request, job, events, meta)
 
     mount_slot_routes(app, state)
+    mount_anthropic_routes(app, state)
+    mount_responses_routes(app, state)
     install_openapi(app, state)
     return app
 

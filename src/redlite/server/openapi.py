@@ -19,6 +19,7 @@ from redlite.core.sessions import SESSION_NAME
 from redlite.server.schemas import (UNSUPPORTED_FIELDS, ChatCompletionRequest,
                                     CompletionRequest, SlotRequest, unsupported_json_schema)
 from redlite.server.slots import MAX_FILENAME
+from redlite.server.wire_openapi import wire_paths, wire_routes
 
 REF = "#/components/schemas/{model}"
 
@@ -70,9 +71,9 @@ def _json(schema: dict) -> dict:
     return {"application/json": {"schema": schema}}
 
 
-def _error(status: int) -> dict:
+def _error(status: int, model: str = "Error") -> dict:
     return {"description": _DESCRIPTIONS[status], "content": _json({"$ref": REF.format(
-        model="Error")})}
+        model=model)})}
 
 
 def _body_schema(model, components: dict) -> dict:
@@ -142,12 +143,15 @@ def build_openapi(app: FastAPI, state: Any) -> dict:
                                        [*post, 404, 409, 500, 503] if slots_enabled
                                        else [*post, 501]),
     }
+    routes.update(wire_routes(components, post, generation, common))
     paths = document.setdefault("paths", {})
+    for path, operations in wire_paths().items():
+        paths.setdefault(path, {}).update(operations)
     if "/v1/models/{model_id}" not in paths:
         for path in list(paths):
             if path.startswith("/v1/models/{model_id"):
                 paths["/v1/models/{model_id}"] = paths.pop(path)
-    for (path, method), (body, ok, errors) in routes.items():
+    for (path, method), (body, ok, errors, *error_model) in routes.items():
         operation = paths.get(path, {}).get(method)
         if operation is None:
             continue
@@ -155,7 +159,7 @@ def build_openapi(app: FastAPI, state: Any) -> dict:
             operation["requestBody"] = {"required": True, "content": _json(body)}
         responses = {str(status): {"description": "OK", "content": content} if content
                      else {"description": "OK"} for status, content in ok.items()}
-        responses.update({str(status): _error(status) for status in sorted(set(errors))})
+        responses.update({str(status): _error(status, *error_model) for status in sorted(set(errors))})
         operation["responses"] = responses
     slot_operation = paths.get("/slots/{id_slot}", {}).get("post")
     if slot_operation is not None:

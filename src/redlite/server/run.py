@@ -19,6 +19,7 @@ import uvicorn
 from redlite.core.conversations import Conversations
 from redlite.core.generation import Generator, GeneratorSettings
 from redlite.core.parking import ParkingPool
+from redlite.core.session_dir import SessionDirError, prepare_session_dir
 from redlite.core.private_files import make_private_dir
 from redlite.core.sessions import SessionStore, expected_for
 from redlite.core.worker import EngineWorker
@@ -120,6 +121,12 @@ def serve(args: argparse.Namespace) -> int:
         listener = bind_listener(args.host, args.port)
     except OSError as error:
         log.error("cannot listen on %s:%d: %s", args.host, args.port, error)
+        return 1
+    try:  # a session directory that cannot be used fails now, not after the model loads
+        if args.session_dir:
+            prepare_session_dir(args.session_dir)
+    except SessionDirError as error:
+        log.error("%s", error)
         return 1
     started = time.perf_counter()
     engine, tokenizer = build_engine(args)

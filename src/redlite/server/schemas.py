@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr,
-                      StringConstraints, model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
+                      StrictStr, StringConstraints, Tag, model_validator)
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
@@ -244,14 +244,26 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict[str, Any] | None = None
 
 
+def _prompt_kind(value: Any) -> str:
+    """Which form of ``prompt`` a value is meant as, so errors name that form's problem (the
+    tags hold a "-", so error locations never take them for field names)."""
+    if isinstance(value, str):
+        return "as-text"
+    if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+        return "as-texts"
+    return "as-ids"
+
+
 class CompletionRequest(SamplingFields):
     """Body of ``POST /v1/completions`` (``max_tokens`` defaults to 16, as in the OpenAI API).
     ``prompt``: one string or one list of token ids (a list of one string is that string)."""
 
-    prompt: (Annotated[str, StringConstraints(strict=True, min_length=1)]
-             | Annotated[list[JSONInt], Field(min_length=1)]
-             | Annotated[list[Annotated[str, StringConstraints(strict=True, min_length=1)]],
-                         Field(min_length=1, max_length=1)])
+    prompt: Annotated[
+        Annotated[Annotated[str, StringConstraints(strict=True, min_length=1)], Tag("as-text")]
+        | Annotated[Annotated[list[JSONInt], Field(min_length=1)], Tag("as-ids")]
+        | Annotated[Annotated[list[Annotated[str, StringConstraints(strict=True, min_length=1)]],
+                              Field(min_length=1, max_length=1)], Tag("as-texts")],
+        Discriminator(_prompt_kind)]
     max_tokens: int_in(ge=1) | None = 16
 
 
