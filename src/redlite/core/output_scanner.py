@@ -184,9 +184,8 @@ class OutputScanner:
         index = len(self.output.tool_calls)
         fmt = self.options.tool_format
         if fmt == "qwen3_coder":
+            # opened by a bare <function=, the parser starts at the function's name
             self._call = XmlCallParser(index, self._new_id, self.options.schemas, opening=marker)
-            if marker != "<tool_call>":
-                self._call._buf = ""  # bare <function=: the parser starts at the name
         else:
             self._call = JsonCallParser(index, self._new_id, close_tag=fmt == "hermes", opening=marker)
         self._pending = rest
