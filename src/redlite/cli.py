@@ -63,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="time allowed for a whole request body, seconds (408 after it)")
     serve.add_argument("--header-timeout-s", type=float, default=10.0, help="time-out for a request's headers")
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one")
+    serve.add_argument("--prefill-chunk", type=int, default=512,
+                       help="most prompt tokens per prefill step; a request that is cancelled "
+                            "(client gone, shutdown) stops between steps")
+    serve.add_argument("--max-tokens", type=int, default=4096,
+                       help="server-side cap on the tokens generated for any request (0: none)")
     serve.add_argument("--no-reuse", action="store_true", help="never reuse held state (every plan resets)")
     serve.add_argument("--checkpoint-interval", type=int, default=1024, help="tokens between checkpoints in long prefills")
     serve.add_argument("--checkpoint-mib", type=float, default=512.0,
@@ -90,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="an origin (e.g. http://localhost:3000) that gets CORS headers "
                             "(repeatable; none by default)")
     serve.add_argument("--echo-delay-ms", type=float, default=0.0, help="echo engine: delay per decoded token")
+    serve.add_argument("--echo-prefill-delay-ms", type=float, default=0.0,
+                       help="echo engine: delay per prefilled token")
+    serve.add_argument("--echo-snapshot-delay-ms", type=float, default=0.0,
+                       help="echo engine: delay per state copy (parking, saving)")
     serve.add_argument("--echo-no-rewind", action="store_true", help="echo engine: behave like a recurrent model")
     serve.add_argument("--tool-parser", default=None, choices=["hermes", "qwen3_coder", "llama3_json"],
                        help="tool-call format of the output (default: detected from the chat template)")
@@ -106,8 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
+        from redlite.server.shutdown import Stopper
+        stopper = Stopper()
+        stopper.install()  # before the heavy imports: a signal while starting exits with 0
         from redlite.server.run import serve
-        return serve(args)
+        return serve(args, stopper)
     return 2
 
 

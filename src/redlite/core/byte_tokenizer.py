@@ -61,6 +61,7 @@ class ByteTokenizer:
 
     vocab_size = VOCAB_SIZE
     eos_token_ids = frozenset({END})
+    max_token_chars = max(len(s) for s in SPECIAL_TOKENS)  # a byte is at most one character
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []

@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 from redlite.core.chat import ChatRequest
+from redlite.core.tokenizer import PromptTooLong
 
 log = logging.getLogger("redlite.chat")
 
@@ -88,6 +89,8 @@ def render_request(tokenizer: Any, request: ChatRequest):
         kwargs["tools"] = request.tools
     try:
         return tokenizer.render_chat(messages, **kwargs)
+    except PromptTooLong:  # too long either way: no second render
+        raise
     except Exception:
         merged = merge_systems(messages)
         if merged is messages:

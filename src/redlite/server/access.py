@@ -55,6 +55,17 @@ def request_id_of(scope) -> str:
     return context_of(scope).request_id
 
 
+def note_event(scope, event) -> None:
+    """Record a finished generation's token counts for the access log line (``event``: a
+    worker :class:`~redlite.core.worker.Event`; called on the worker thread, no-op when
+    ``scope`` is None or the event is not ``done``)."""
+    if scope is None or event.kind != "done":
+        return
+    result = event.value
+    context_of(scope).tokens = (result.prompt_tokens, result.cached_tokens,
+                                result.completion_tokens)
+
+
 class AccessMiddleware:
     """Pure ASGI middleware: see the module docstring."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +22,12 @@ from starlette.middleware.cors import CORSMiddleware
 
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.stop import normalize_stop
-from redlite.core.tokenizer import Tokenizer
+from redlite.core.tokenizer import Tokenizer, min_prompt_tokens
 from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams
-from redlite.server.access import AccessMiddleware, context_of
+from redlite.server.access import AccessMiddleware, context_of, note_event
 from redlite.server.chat_service import ChatService
-from redlite.server.errors import APIError, as_api_error, error_body, error_response, surface_of
+from redlite.server.errors import APIError, as_api_error, error_body, surface_of
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.openai_chat import chat_request_of, stream_chunks
 from redlite.server.openai_chat import completion_body as chat_completion_body
@@ -63,9 +62,10 @@ class ServerState:
 
 
 def _param_of(loc: tuple) -> str | None:
-    """The dotted request field of a pydantic error location: union member tags that pydantic
-    puts in ``loc`` (``str``, ``list[int]``, ``constrained-str``, model class names) are
-    dropped; field names are snake_case identifiers or list indices."""
+    """The dotted request field of a pydantic error location (``messages.0.content.1``,
+    ``stop.0``): union member tags that pydantic puts in ``loc`` (``str``, ``list[int]``,
+    ``constrained-str``, model class names) are dropped; field names are snake_case
+    identifiers or list indices."""
     parts = [str(p) for p in loc if p != "body"]
     parts = [p for p in parts if not ("[" in p or "-" in p or p[:1].isupper()
                                       or p in _TYPE_TAGS)]
@@ -77,7 +77,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
 
 def _first_error(error: ValidationError) -> dict:
     """The error to report: an unsupported content part first, else the deepest location
-    (the union member that got furthest, e.g. ``prompt.0`` for ``[true]``)."""
+    (the union member that got furthest, e.g. the token-id list for ``"prompt": [true]``)."""
     errors = error.errors()
     for item in errors:
         if item["type"] == "unsupported_content":
@@ -91,9 +91,9 @@ def create_app(state: ServerState) -> FastAPI:
     surface's shape for every failure (:mod:`redlite.server.errors`).
 
     Middlewares, outermost first: request id + access log + JSON 500
-    (:mod:`redlite.server.access`), CORS (only with ``security.cors_origins``), Host / API key /
-    JSON content type (:mod:`redlite.server.security`), body size and deadline
-    (:mod:`redlite.server.limits`)."""
+    (:mod:`redlite.server.access`), CORS (only with ``security.cors_origins``), Host / API key
+    (:mod:`redlite.server.security`), body size and deadline (:mod:`redlite.server.limits`).
+    Routes that take a body check its JSON content type after routing (415)."""
     app = FastAPI(title="redlite", docs_url=None, redoc_url=None)
     app.state.server = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes,
@@ -105,10 +105,9 @@ def create_app(state: ServerState) -> FastAPI:
                            allow_headers=["authorization", "content-type", "x-api-key"],
                            expose_headers=["x-request-id", "retry-after"])
     app.add_middleware(AccessMiddleware)
-    tokenizer_lock = threading.Lock()
-    if state.chat is None:
+    if state.chat is None:  # no tokenizer lock: rendering and tokenizing are thread-safe
         state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
-                                 state.chat_options, tokenizer_lock)
+                                 state.chat_options)
 
     def respond(request: Request, error: APIError) -> JSONResponse:
         return error.response(surface_of(request.url.path), context_of(request.scope).request_id)
@@ -195,10 +194,12 @@ def create_app(state: ServerState) -> FastAPI:
                 raise APIError(400, "only one prompt per request is supported", "prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            def encode():
-                with tokenizer_lock:
-                    return state.tokenizer.encode(prompt)
-            ids = await asyncio.to_thread(encode)
+            at_least = min_prompt_tokens([prompt], getattr(state.tokenizer, "max_token_chars", None))
+            if at_least > state.max_context:
+                raise APIError(400, f"the prompt has at least {at_least} tokens, more than the "
+                               f"context of {state.max_context} tokens", "prompt",
+                               "context_length_exceeded")
+            ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
         else:
             ids = list(prompt)
             if any(t < 0 or t >= state.tokenizer.vocab_size for t in ids):
@@ -212,13 +213,9 @@ def create_app(state: ServerState) -> FastAPI:
                      chat: bool) -> Any:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        context = context_of(request.scope)
 
         def deliver(event: Event) -> None:
-            if event.kind == "done":  # for the access log
-                result = event.value
-                context.tokens = (result.prompt_tokens, result.cached_tokens,
-                                  result.completion_tokens)
+            note_event(request.scope, event)  # token counts for the access log
             loop.call_soon_threadsafe(events.put_nowait, event)
 
         job = Job(generation, deliver)
@@ -258,7 +255,8 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
     require_json(request.headers)
     raw = await request.body()
     try:
-        parsed = model.model_validate_json(raw)
+        # in a worker thread: a body of thousands of messages must not stall the event loop
+        parsed = await asyncio.to_thread(model.model_validate_json, raw)
     except ValidationError as error:
         first = _first_error(error)
         if first["type"] == "json_invalid":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -28,9 +27,11 @@ from typing import Any, AsyncIterator
 from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
 from redlite.core.chat_render import detect_formats, forced_opening, render_request, tool_schemas
 from redlite.core.generation import GenerationRequest, GenerationResult
+from redlite.core.tokenizer import PromptTooLong, min_prompt_tokens
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
 from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
 from redlite.server.errors import APIError, as_api_error
+from redlite.server.access import note_event
 
 log = logging.getLogger("redlite.chat")
 
@@ -128,6 +129,19 @@ async def watch_disconnect(http_request: Any, stream: ChatStream | Job) -> None:
             return
 
 
+def _texts(messages: list) -> Any:
+    """The text of every message's content (strings and text parts): for a lower bound on the
+    prompt's tokens."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    yield part["text"]
+
+
 def render_error(request_id: str, error: Exception) -> APIError:
     """400 for a conversation the chat template refuses: the template's own message (jinja2's
     ``raise_exception``) is meant for the client; anything else only goes to the log."""
@@ -141,13 +155,11 @@ class ChatService:
     """Renders, submits and relays chat requests (see module docstring)."""
 
     def __init__(self, worker: Any, tokenizer: Any, max_context: int,
-                 options: ChatOptions | None = None,
-                 tokenizer_lock: threading.Lock | None = None) -> None:
+                 options: ChatOptions | None = None) -> None:
         self.worker = worker
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.options = options or ChatOptions()
-        self._lock = tokenizer_lock or threading.Lock()
         source = getattr(tokenizer, "chat_template_source", None)
         tool, reasoning = detect_formats(source if isinstance(source, str) else None)
         self.tool_format = self.options.tool_parser or tool
@@ -172,17 +184,25 @@ class ChatService:
     def prepare_sync(self, request: ChatRequest) -> PreparedChat:
         """Render and build the GenerationRequest (blocking: call from a thread)."""
         self.validate(request)
-        with self._lock:
-            try:
-                rendered = render_request(self.tokenizer, request)
-            except Exception as error:  # a template that rejects the conversation
-                raise render_error(request.request_id, error) from None
-            parse_tools = bool(request.tools) and request.tool_choice != "none"
-            fmt = self.tool_format if parse_tools else None
-            prefix = forced_opening(self.tool_format, request.tool_choice, request.tools) if fmt else ""
-            ids = list(rendered.token_ids)
-            if prefix:
-                ids += self._encode_plain(prefix)
+        # No lock: rendering and tokenizing are thread-safe and linear, so one long request never
+        # holds up another's; a prompt that provably cannot fit is refused before the work.
+        at_least = min_prompt_tokens(_texts(request.messages),
+                                     getattr(self.tokenizer, "max_token_chars", None))
+        if at_least > self.max_context:
+            raise APIError(400, f"the prompt has at least {at_least} tokens, more than the context "
+                           f"of {self.max_context} tokens", "messages", "context_length_exceeded")
+        try:
+            rendered = render_request(self.tokenizer, request)
+        except PromptTooLong as error:
+            raise APIError(400, str(error), "messages", "context_length_exceeded") from None
+        except Exception as error:  # a template that rejects the conversation
+            raise render_error(request.request_id, error) from None
+        parse_tools = bool(request.tools) and request.tool_choice != "none"
+        fmt = self.tool_format if parse_tools else None
+        prefix = forced_opening(self.tool_format, request.tool_choice, request.tools) if fmt else ""
+        ids = list(rendered.token_ids)
+        if prefix:
+            ids += self._encode_plain(prefix)
         text = rendered.text + prefix
         parse = ParseOptions(
             tool_format=fmt, reasoning=self.reasoning_format,
@@ -214,7 +234,13 @@ class ChatService:
         prepared = await self.prepare(request)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        job = Job(prepared.generation, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+        scope = getattr(http_request, "scope", None)
+
+        def deliver(event: Event) -> None:
+            note_event(scope, event)  # token counts for the access log
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        job = Job(prepared.generation, deliver)
         try:
             self.worker.submit(job)
         except QueueFull:

@@ -131,7 +131,7 @@ def as_api_error(error: BaseException) -> APIError:
     if isinstance(error, APIError):
         return error
     if isinstance(error, ShuttingDown):
-        return APIError(503, "server is shutting down", None, "shutting_down")
+        return APIError(503, str(error) or "server is shutting down", None, "shutting_down")
     if isinstance(error, ConnectionAbortedError):
         return APIError(499, "client closed the request")
     return APIError(500, "generation failed", None, "engine_error")

@@ -202,9 +202,9 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-StopText = Annotated[str, StringConstraints(strict=True, min_length=1,
-                                            max_length=MAX_STOP_BYTES // 4)]
-"""A stop sequence: 1 to 64 characters (so at most MAX_STOP_BYTES bytes of UTF-8)."""
+StopText = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_STOP_BYTES)]
+"""A stop sequence: 1 to 256 characters; :func:`redlite.core.stop.normalize_stop` then bounds
+its UTF-8 size to MAX_STOP_BYTES bytes (400 ``stop``)."""
 
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
 
