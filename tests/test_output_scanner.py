@@ -219,12 +219,6 @@ def test_stop_sequence_cuts_before_markers():
     assert out.content == "abc " and out.stop_sequence == "STOP" and out.finish_reason == "stop"
 
 
-def test_forced_opening_prefix_is_parsed_as_generated():
-    opts = ParseOptions(tool_format="hermes", prefix='<tool_call>\n{"name": "f", "arguments": ')
-    out = check('{"x": 1}}\n</tool_call>', opts)
-    assert calls(out) == [("f", {"x": 1})]
-
-
 def test_one_call_when_parallel_calls_are_off():
     opts = ParseOptions(tool_format="hermes", max_calls=1)
     text = ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'

@@ -52,8 +52,6 @@ class ParseOptions:
     reasoning: ``qwen3`` or None.
     start_in_reasoning: the prompt already opened ``<think>`` (only ``</think>`` will appear).
     schemas: tool name -> JSON schema of its parameters (types of qwen3_coder values).
-    prefix: text already put in the prompt by the server (a forced call's opening markup); it is
-        parsed as if generated, so its events (the call start) are emitted first.
     max_calls: most calls in one answer (1 for ``parallel_tool_calls: false``); the generation
         stops when that many calls are complete, None: no limit.
     """
@@ -62,7 +60,6 @@ class ParseOptions:
     reasoning: str | None = None
     start_in_reasoning: bool = False
     schemas: dict[str, dict] = field(default_factory=dict)
-    prefix: str = ""
     max_calls: int | None = None
 
 
@@ -84,9 +81,6 @@ class OutputScanner:
         self.output = ChatOutput()
         self._finished = False
         self._complete_calls = 0
-        self._initial: list[OutputEvent] = []
-        if self.options.prefix:
-            self._lex(self.options.prefix, self._initial)
 
     @property
     def stopped(self) -> bool:
@@ -223,7 +217,7 @@ class OutputScanner:
     def push(self, text: str) -> tuple[list[OutputEvent], bool]:
         """Take the next decoded piece; return the events now certain and whether a stop
         sequence matched (generation must end; call :meth:`finish` next)."""
-        events, self._initial = self._initial, []
+        events: list[OutputEvent] = []
         if self._finished or self.stopped:
             return events, True
         clean, stopped = self._stop.push(text)
@@ -234,7 +228,7 @@ class OutputScanner:
         """End the output. reason: ``stop`` (end of turn or stop sequence), ``length`` or
         ``cancelled``. Returns the last events and the whole :class:`ChatOutput` (finish_reason
         ``tool_calls`` when calls were made and the turn ended normally)."""
-        events, self._initial = self._initial, []
+        events: list[OutputEvent] = []
         if self._finished:
             return events, self.output
         self._finished = True
