@@ -39,6 +39,7 @@ from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, Sa
                                     unsupported_field)
 from redlite.server.security import SecurityMiddleware, SecurityOptions, require_json
 from redlite.server.slots import mount_slot_routes
+from redlite.server.tokenize_routes import mount_tokenize_routes
 
 log = logging.getLogger("redlite.server")
 
@@ -210,6 +211,7 @@ def create_app(state: ServerState) -> FastAPI:
     mount_anthropic_routes(app, state)
     mount_responses_routes(app, state)
     install_openapi(app, state)
+    mount_tokenize_routes(app, state)
     return app
 
 
