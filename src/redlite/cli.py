@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "mentions <think>, else none)")
     serve.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True,
                        help="serve GET /metrics (Prometheus) and count requests for it")
+    serve.add_argument("--log-format", default="text", choices=["text", "json"],
+                       help="log lines as text or as JSON objects (one per line)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return parser
 
@@ -116,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if getattr(args, "log_format", "text") == "json":
+        from redlite.logformat import use_json
+        use_json()
     if args.command == "serve":
         from redlite.server.shutdown import Stopper
         stopper = Stopper()

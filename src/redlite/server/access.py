@@ -31,13 +31,15 @@ class RequestContext:
     """Per-request facts shared by the middlewares and the routes (``scope[SCOPE_KEY]``).
 
     tokens: (prompt, reused, generated) token counts once a generation ended, else None.
-    results: the generations' results (one per choice), for the metrics."""
+    results: the generations' results (one per choice), for the metrics.
+    session_key: the chat request's session identity (``ChatRequest.session_key``), if any."""
 
     request_id: str = field(default_factory=lambda: f"req_{uuid.uuid4().hex[:24]}")
     started: float = field(default_factory=time.perf_counter)
     status: int | None = None
     tokens: tuple[int, int, int] | None = None
     results: list = field(default_factory=list)
+    session_key: str | None = None
 
     @property
     def hex(self) -> str:
@@ -114,13 +116,33 @@ class AccessMiddleware:
 
     @staticmethod
     def _log(scope, context: RequestContext) -> None:
-        ms = (time.perf_counter() - context.started) * 1000.0
-        line = (f"{scope['method']} {scope['path']} {context.status or '-'} {ms:.1f} ms "
-                f"id={context.request_id}")
+        record = access_record(scope, context)
+        line = (f"{record['method']} {record['path']} {context.status or '-'} "
+                f"{record['ms']:.1f} ms id={context.request_id}")
         if context.tokens is not None:
             prompt, reused, generated = context.tokens
             line += f" prompt={prompt} reused={reused} generated={generated}"
-        access_log.info(line)
+        access_log.info(line, extra={"access": record})
+
+
+def access_record(scope, context: RequestContext) -> dict:
+    """The access log's fields (``--log-format json`` writes them): request_id, method, path,
+    status, ms (duration), session_key, and once a generation ran prompt / reused / prefilled /
+    generated tokens, ttft_ms and miss_reason (None for a plain extension) of its first choice."""
+    record = {"request_id": context.request_id, "method": scope["method"], "path": scope["path"],
+              "status": context.status,
+              "ms": round((time.perf_counter() - context.started) * 1000.0, 3),
+              "session_key": context.session_key}
+    if context.tokens is not None:
+        prompt, reused, generated = context.tokens
+        record.update(prompt=prompt, reused=reused, prefilled=prompt - reused, generated=generated)
+    first = next((r for r in context.results if not getattr(r, "index", 0)), None)
+    if first is not None:
+        plan = getattr(first, "plan", None)
+        reason = getattr(plan, "reason", None)
+        record.update(ttft_ms=round(first.ttft_ms, 3),
+                      miss_reason=None if reason is None else reason.value)
+    return record
 
 
 __all__ = ["AccessMiddleware", "RequestContext", "context_of", "request_id_of", "surface_of"]

@@ -33,7 +33,7 @@ from redlite.core.tokenizer import PromptTooLong, min_prompt_tokens
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
 from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
 from redlite.server.errors import APIError, as_api_error
-from redlite.server.access import note_event
+from redlite.server.access import context_of, note_event
 
 log = logging.getLogger("redlite.chat")
 
@@ -290,6 +290,8 @@ class ChatService:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         scope = getattr(http_request, "scope", None)
+        if scope is not None:
+            context_of(scope).session_key = request.session_key  # for the access log
 
         def deliver(event: Event) -> None:
             note_event(scope, event)  # token counts for the access log
