@@ -105,3 +105,30 @@ def test_no_metrics_has_no_route_and_counts_nothing():
         assert client.get("/metrics").status_code == 404
         assert client.get("/dashboard/data").json() == {"recent": [], "outcomes": {}}
         assert client.get("/v1/conversations").status_code == 200
+
+
+def test_disk_tier_restores_and_refusals(tmp_path):
+    from redlite.core.conversations import Conversations
+    from redlite.core.parking import ParkingPool
+    from redlite.core.sessions import SessionStore, expected_for
+
+    (tmp_path / "rl-00000000000000ab.rlsession").write_bytes(b"not a session file")
+    with echo_client() as client:
+        generator = client.state.worker.generator
+        store = SessionStore(tmp_path, expected_for(generator.engine), min_tokens=1)
+        store.scan()  # refuses the bad file
+        generator.parking = Conversations(ParkingPool(64, 4), store)  # RAM too small: disk
+        first = complete(client, "a first conversation about parsers")
+        complete(client, "something else entirely")
+        again = complete(client, "a first conversation about parsers, continued")
+        m = samples(client)
+        listed = client.get("/v1/conversations").json()
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["prompt_tokens_details"]["cached_tokens"] == len("a first conversation about parsers")
+    assert value(m, "redlite_restores_total", tier="disk") == 1
+    assert value(m, "redlite_restores_total", tier="ram") == 0
+    assert value(m, "redlite_session_file_refusals_total") == 1
+    disk = [c for c in listed["data"] if c["tier"] == "disk"]
+    assert len(disk) == value(m, "redlite_conversations", tier="disk") >= 1
+    assert sum(c["bytes"] for c in disk) == value(m, "redlite_conversation_bytes", tier="disk") > 0
+    assert listed["tiers"]["disk"]["budget_bytes"] == store.max_bytes
