@@ -96,6 +96,28 @@ def _prompt_schema(vocab_size: int) -> dict:
                                                                    "minLength": 1}}]}
 
 
+def _ids_below(n: int) -> str:
+    """A regular expression of the decimal numbers 0 .. n-1 (no leading zeros), n >= 1."""
+    top = str(n - 1)
+    options = ["0"] if n > 1 else []
+    if len(top) > 1:
+        options.append(f"[1-9][0-9]{{0,{len(top) - 2}}}")
+    for i, digit in enumerate(top):
+        low = "1" if i == 0 else "0"
+        if int(digit) > int(low):
+            rest = len(top) - i - 1
+            options.append(top[:i] + f"[{low}-{int(digit) - 1}]" + (f"[0-9]{{{rest}}}" if rest else ""))
+    options.append(top)
+    return "^(" + "|".join(dict.fromkeys(options)) + ")$"
+
+
+def _logit_bias_schema(vocab_size: int) -> dict:
+    # keys: token ids of the served vocabulary (redlite.server.sampling_fields.logit_bias_of)
+    return {"anyOf": [{"type": "object", "propertyNames": {"pattern": _ids_below(vocab_size)},
+                       "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+                      {"type": "null"}]}
+
+
 def _filename_schema() -> dict:
     # the rules of redlite.server.slots.validate_filename
     return {"type": "string", "minLength": 1, "maxLength": MAX_FILENAME,
@@ -117,6 +139,8 @@ def build_openapi(app: FastAPI, state: Any) -> dict:
     chat["properties"]["tool_choice"] = {"enum": ["none", "auto", None]}
     completion = _body_schema(CompletionRequest, components)
     completion["properties"]["prompt"] = _prompt_schema(state.tokenizer.vocab_size)
+    for body in (chat, completion):
+        body["properties"]["logit_bias"] = _logit_bias_schema(state.tokenizer.vocab_size)
     slot = SlotRequest.model_json_schema(ref_template=REF)
     slot["properties"]["filename"] = _filename_schema()
     security = getattr(state, "security", None)
