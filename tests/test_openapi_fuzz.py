@@ -29,6 +29,8 @@ CONFIG = SchemathesisConfig.from_dict({
 _slot_root = Path(tempfile.mkdtemp(prefix="redlite-fuzz-"))
 atexit.register(shutil.rmtree, _slot_root, ignore_errors=True)
 _state = echo_state(slot_dir=_slot_root / "slots")
+# a bounded context: a logit_bias that forces one token keeps the echo writing until it is full
+_state.worker.generator.engine.max_context = _state.max_context = 2048
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(_state), config=CONFIG)
 
 

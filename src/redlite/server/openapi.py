@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from redlite.core.sessions import SESSION_NAME
-from redlite.server.schemas import (UNSUPPORTED_FIELDS, ChatCompletionRequest,
+from redlite.server.schemas import (MAX_TOP_LOGPROBS, UNSUPPORTED_FIELDS, ChatCompletionRequest,
                                     CompletionRequest, SlotRequest, unsupported_json_schema)
 from redlite.server.slots import MAX_FILENAME
 from redlite.server.wire_openapi import wire_paths, wire_routes
@@ -141,6 +141,13 @@ def build_openapi(app: FastAPI, state: Any) -> dict:
     completion["properties"]["prompt"] = _prompt_schema(state.tokenizer.vocab_size)
     for body in (chat, completion):
         body["properties"]["logit_bias"] = _logit_bias_schema(state.tokenizer.vocab_size)
+    # logprobs is a boolean for chat (top_logprobs only beside logprobs: true, a rule across
+    # fields), an integer for completions (which take no top_logprobs)
+    chat["properties"]["logprobs"] = {"anyOf": [{"type": "boolean"}, {"type": "null"}]}
+    chat["properties"]["top_logprobs"] = {"type": "null"}
+    completion["properties"]["logprobs"] = {"anyOf": [
+        {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}, {"type": "null"}]}
+    completion["properties"]["top_logprobs"] = {"type": "null"}
     slot = SlotRequest.model_json_schema(ref_template=REF)
     slot["properties"]["filename"] = _filename_schema()
     security = getattr(state, "security", None)
