@@ -28,9 +28,8 @@ CONFIG = SchemathesisConfig.from_dict({
 # run that collects this module without running it).
 _slot_root = Path(tempfile.mkdtemp(prefix="redlite-fuzz-"))
 atexit.register(shutil.rmtree, _slot_root, ignore_errors=True)
-_state = echo_state(slot_dir=_slot_root / "slots")
-# a bounded context: a logit_bias that forces one token keeps the echo writing until it is full
-_state.worker.generator.engine.max_context = _state.max_context = 2048
+# a cap as `redlite serve --max-tokens` sets one: a biased echo answer never ends by itself
+_state = echo_state(slot_dir=_slot_root / "slots", max_tokens=32)
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(_state), config=CONFIG)
 
 
