@@ -73,7 +73,8 @@ class GenerationResult:
     shutdown). output: the parsed answer (its finish_reason may be ``tool_calls``).
     index: the choice (0-based; the request's last choice is ``n - 1``).
     logprobs: with ``SamplingParams.logprobs`` set, one record per generated token (the
-    end-of-turn token excluded), else None."""
+    end-of-turn token excluded), else None. answer_ids: the generated token ids (the
+    end-of-turn token excluded; for exact replay, :mod:`redlite.core.replay`)."""
 
     finish_reason: str
     prompt_tokens: int
@@ -85,6 +86,7 @@ class GenerationResult:
     output: ChatOutput = field(default_factory=ChatOutput)
     index: int = 0
     logprobs: list[TokenLogprob] | None = None
+    answer_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -254,6 +256,7 @@ class Generator:
         scanner = OutputScanner(request.stop, request.parse)
         eos = self.tokenizer.eos_token_ids
         generated = 0
+        answer: list[int] = []
         finish = "length"
         decode_started = self._clock()
         while True:
@@ -265,6 +268,7 @@ class Generator:
                 finish = "stop"
                 break
             generated += 1
+            answer.append(int(token))
             if records is not None and sampler.last_logprob is not None:
                 records.append(sampler.last_logprob)
                 yield sampler.last_logprob
@@ -296,4 +300,4 @@ class Generator:
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
                  request.request_id, generated, rate, finish, len(self.held_ids))
         yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan, output,
-                               index, records)
+                               index, records, answer)
