@@ -54,6 +54,17 @@ def message_calls(message: dict) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def context_key(message: object) -> str:
+    """What identifies the message a turn answered (role + content), so equal answers to
+    different messages stay apart; "" for none."""
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True, default=str)
+    blob = json.dumps([message.get("role"), message.get("tool_call_id"), text], ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
 def content_key(content: str, calls: tuple) -> str:
     """The lookup key of a turn's visible part: stripped content + canonical calls."""
     blob = json.dumps([content.strip(), list(calls)], ensure_ascii=False)
@@ -65,7 +76,8 @@ class GeneratedTurn:
     """One generated answer. prefix_ids / prefix_text: the prompt's generation prompt (after
     its last message boundary, a forced call opening included); answer_ids: every generated
     token id, the end-of-turn token excluded; content, reasoning, calls: the parsed answer
-    (calls as ``(id, name, canonical arguments)``)."""
+    (calls as ``(id, name, canonical arguments)``); context: :func:`context_key` of the
+    request's last message (the one this turn answered)."""
 
     prefix_ids: list[int]
     prefix_text: str
@@ -73,10 +85,11 @@ class GeneratedTurn:
     content: str
     reasoning: str
     calls: tuple[tuple[str, str, str], ...] = ()
+    context: str = ""
     key: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.key = content_key(self.content, tuple((n, a) for _, n, a in self.calls))
+        self.key = content_key(self.content, tuple((n, a) for _, n, a in self.calls)) + self.context
 
     @property
     def nbytes(self) -> int:
@@ -103,7 +116,8 @@ def matches(message: dict, turn: GeneratedTurn) -> bool:
 
 class ReplayStore:
     """Kept turns, least recently used first out when over ``budget_bytes``. Lookup by
-    tool-call id, else by :func:`content_key`. Thread-safe enough for the server: every
+    tool-call id, else by :func:`content_key` and the :func:`context_key` of the message before
+    it (equal answers to different messages are different turns). Thread-safe enough for the server: every
     method is a few dict operations under the GIL."""
 
     def __init__(self, budget_bytes: int = 64 << 20) -> None:
@@ -135,14 +149,15 @@ class ReplayStore:
             if self._by_call.get(call_id) == turn.key:
                 del self._by_call[call_id]
 
-    def find(self, message: dict) -> GeneratedTurn | None:
-        """The kept turn ``message`` is (see :func:`matches`), or None."""
+    def find(self, message: dict, previous: object = None) -> GeneratedTurn | None:
+        """The kept turn ``message`` is (see :func:`matches`), or None. previous: the message
+        before it in the history (for the content lookup)."""
         if message.get("role") != "assistant":
             return None
         keys = [self._by_call.get(str(c.get("id"))) for c in message.get("tool_calls") or []]
         content = message.get("content")
         text = content if isinstance(content, str) else ""
-        keys.append(content_key(text, message_calls(message)))
+        keys.append(content_key(text, message_calls(message)) + context_key(previous))
         for key in keys:
             turn = self._turns.get(key) if key else None
             if turn is not None and matches(message, turn):

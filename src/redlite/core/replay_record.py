@@ -6,14 +6,17 @@ import logging
 from typing import Any
 
 from redlite.core.replay_splice import decode_rendered
-from redlite.core.replay import MAX_PREFIX_TOKENS, GeneratedTurn, ReplayStore, canonical_arguments
+from redlite.core.replay import (MAX_PREFIX_TOKENS, GeneratedTurn, ReplayStore, canonical_arguments,
+                                  context_key)
 
 log = logging.getLogger("redlite.replay")
 
 
-def record_turn(store: ReplayStore, tokenizer: Any, request: Any, result: Any) -> GeneratedTurn | None:
+def record_turn(store: ReplayStore, tokenizer: Any, request: Any, result: Any,
+                last_message: object = None) -> GeneratedTurn | None:
     """Keep ``result`` (a :class:`redlite.core.generation.GenerationResult`) of ``request`` (its
-    :class:`GenerationRequest`). Not kept: a cancelled answer, one cut by a stop sequence (the
+    :class:`GenerationRequest`); last_message: the chat request's last message (the one the
+    answer follows). Not kept: a cancelled answer, one cut by a stop sequence (the
     client's copy lacks the stop text the model saw), and a prompt whose generation prompt (the
     ids after its last message boundary) is unknown or longer than :data:`MAX_PREFIX_TOKENS`."""
     output = result.output
@@ -27,6 +30,7 @@ def record_turn(store: ReplayStore, tokenizer: Any, request: Any, result: Any) -
         return None
     turn = GeneratedTurn(prefix, decode_rendered(tokenizer, prefix), list(result.answer_ids),
                          output.content, output.reasoning,
-                         tuple((c.id, c.name, canonical_arguments(c.arguments)) for c in output.tool_calls))
+                         tuple((c.id, c.name, canonical_arguments(c.arguments)) for c in output.tool_calls),
+                         context_key(last_message))
     store.record(turn)
     return turn

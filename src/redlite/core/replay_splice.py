@@ -65,7 +65,7 @@ def render_with_replay(tokenizer: Any, request: ChatRequest, store: ReplayStore 
     if store is not None and len(store):
         for i, message in enumerate(request.messages):
             if isinstance(message, dict) and message.get("role") == "assistant":
-                turn = store.find(message)
+                turn = store.find(message, request.messages[i - 1] if i else None)
                 if turn is not None:
                     found[i] = turn
     if not found:

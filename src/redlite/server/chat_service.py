@@ -79,6 +79,7 @@ class PreparedChat:
     parse: ParseOptions
     prompt_text: str
     replayed: int = 0
+    last_message: Any = None
 
 
 @dataclass
@@ -276,11 +277,13 @@ class ChatService:
         if replayed:
             log.info("%s replay: %d generated turns spliced%s", request.request_id, replayed,
                      f" session={request.session_key}" if request.session_key else "")
-        return PreparedChat(generation, parse, text, replayed)
+        return PreparedChat(generation, parse, text, replayed,
+                            request.messages[-1] if request.messages else None)
 
     def _record(self, prepared: PreparedChat, result: ChatResult) -> None:
         if self.replay is not None:
-            record_turn(self.replay, self.tokenizer, prepared.generation, result.generation)
+            record_turn(self.replay, self.tokenizer, prepared.generation, result.generation,
+                        prepared.last_message)
 
     def constraint_of(self, request: ChatRequest, tool_format: str | None,
                       start_in_reasoning: bool) -> ConstraintSpec | None:
