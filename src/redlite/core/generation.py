@@ -42,6 +42,7 @@ class GenerationRequest:
     generate (None: until end of turn or a full context). stop: validated stop strings.
     parse: how the output is split into content / reasoning / tool calls (None: all content).
     n: how many answers (choices) to generate for the prompt, one after another.
+    session_key: the client's session key (names the conversation when parked; in log lines).
     """
 
     prompt_ids: list[int]
@@ -53,6 +54,7 @@ class GenerationRequest:
     cancelled: threading.Event = field(default_factory=threading.Event)
     parse: ParseOptions | None = None
     n: int = 1
+    session_key: str | None = None
 
 
 @dataclass
@@ -123,6 +125,7 @@ class Generator:
         self.parking = None
         # where the last generated answer starts in held_ids (for the cache-miss explanation)
         self._answer_start: int | None = None
+        self.session_key: str | None = None  # the live conversation's session key
 
     # --- planning and executing --------------------------------------------------------------
 
@@ -228,7 +231,8 @@ class Generator:
         started = self._clock()
         if self.parking is not None and self.settings.reuse and index == 0:
             # candidate selection: the live state or a parked conversation (never raises)
-            self.parking.select(self, prompt, request.request_id)
+            self.parking.select(self, prompt, request.request_id, request.session_key)
+        self.session_key = request.session_key
         plan = self.plan(prompt)
         if (line := plan.miss_line()) is not None:
             if plan.reason is MissReason.TOKEN_MISMATCH:
@@ -242,8 +246,9 @@ class Generator:
                      len(self.held_ids))
             yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan)
             return
-        log.info("%s prefill %d tok (%d cached) ttft %.1f ms", request.request_id,
-                 plan.prefill, plan.keep, ttft_ms)
+        log.info("%s prefill %d tok (%d cached) ttft %.1f ms%s", request.request_id,
+                 plan.prefill, plan.keep, ttft_ms,
+                 f" session={request.session_key}" if request.session_key else "")
 
         max_tokens = request.max_tokens
         if self.settings.max_tokens is not None:  # the server-side cap (--max-tokens)

@@ -273,7 +273,7 @@ class ChatService:
                            else request.sampling.logprobs)
         generation = GenerationRequest(ids, request.max_tokens, sampling, list(request.stop),
                                        list(rendered.message_ends), request.request_id, parse=parse,
-                                       n=max(1, request.n))
+                                       n=max(1, request.n), session_key=request.session_key)
         if replayed:
             log.info("%s replay: %d generated turns spliced%s", request.request_id, replayed,
                      f" session={request.session_key}" if request.session_key else "")
