@@ -105,3 +105,20 @@ def test_trimmed_answer_and_regenerate_rewind_to_the_boundary():
                            {"role": "user", "content": "go on"}]
         _, usage = ask(client, trimmed)
         assert usage["prompt_tokens_details"]["cached_tokens"] == usage1["prompt_tokens"] + 10
+
+
+def test_miss_line_names_the_message_and_offset(caplog):
+    fields = {"tools": [WRITE]}
+    first = [SYSTEM, {"role": "user", "content": echo_call("write", ARGS)}]
+    with echo_client(chat_options=ChatOptions(replay="template")) as client:
+        answer, _ = ask(client, first, **fields)
+        call_id = answer["tool_calls"][0]["id"]
+        second = first + [sorted_keys(answer), {"role": "tool", "tool_call_id": call_id, "content": "ok"}]
+        caplog.clear()
+        with caplog.at_level("INFO", logger="redlite.generation"):
+            ask(client, second, **fields)
+    line = next(m for m in caplog.messages if "cache miss" in m)
+    # the byte template renders '<|assistant|><tool_call>\n{"name": "write", "arguments": {"' then
+    # the arguments' first key differs (sorted: content before path)
+    prefix = '<|assistant|><tool_call>\n{"name": "write", "arguments": {"'
+    assert f"message=2 role=assistant tool_call={call_id} offset={len(prefix)}" in line, line

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, prefill_split_points
-from redlite.core.divergence import describe_divergence
+from redlite.core.divergence import describe_divergence, describe_message
 from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
 from redlite.core.chat import ChatOutput, OutputEvent
 from redlite.core.output_scanner import OutputScanner, ParseOptions
@@ -43,6 +43,7 @@ class GenerationRequest:
     parse: how the output is split into content / reasoning / tool calls (None: all content).
     n: how many answers (choices) to generate for the prompt, one after another.
     session_key: the client's session key (names the conversation when parked; in log lines).
+    message_info: (role, first tool-call id or None) per chat message, for the cache-miss line.
     """
 
     prompt_ids: list[int]
@@ -55,6 +56,7 @@ class GenerationRequest:
     parse: ParseOptions | None = None
     n: int = 1
     session_key: str | None = None
+    message_info: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -238,6 +240,12 @@ class Generator:
             if plan.reason is MissReason.TOKEN_MISMATCH:
                 line += " " + describe_divergence(self.tokenizer, self.held_ids, prompt, plan.common,
                                                   self._answer_start)
+                where = describe_message(self.tokenizer, prompt, plan.common, request.message_ends,
+                                         request.message_info)
+                if where:
+                    line += " " + where
+            if request.session_key:
+                line += f" session={request.session_key}"
             log.info("%s %s", request.request_id, line)
         logits, complete = self._execute(plan, request)
         ttft_ms = (self._clock() - started) * 1000.0

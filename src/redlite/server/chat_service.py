@@ -188,6 +188,15 @@ def _texts(messages: list) -> Any:
                     yield part["text"]
 
 
+def _message_info(message: Any) -> tuple[str, str | None]:
+    """(role, the tool-call id it carries or answers) of a history message."""
+    if not isinstance(message, dict):
+        return "", None
+    calls = message.get("tool_calls") or []
+    call_id = message.get("tool_call_id") or (calls[0].get("id") if calls and isinstance(calls[0], dict) else None)
+    return str(message.get("role")), call_id
+
+
 def render_error(request_id: str, error: Exception) -> APIError:
     """400 for a conversation the chat template refuses: the template's own message (jinja2's
     ``raise_exception``) is meant for the client; anything else only goes to the log."""
@@ -273,7 +282,8 @@ class ChatService:
                            else request.sampling.logprobs)
         generation = GenerationRequest(ids, request.max_tokens, sampling, list(request.stop),
                                        list(rendered.message_ends), request.request_id, parse=parse,
-                                       n=max(1, request.n), session_key=request.session_key)
+                                       n=max(1, request.n), session_key=request.session_key,
+                                       message_info=[_message_info(m) for m in request.messages])
         if replayed:
             log.info("%s replay: %d generated turns spliced%s", request.request_id, replayed,
                      f" session={request.session_key}" if request.session_key else "")
