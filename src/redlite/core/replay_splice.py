@@ -47,9 +47,12 @@ def decode_rendered(tokenizer: Any, ids: list[int]) -> str:
 def header_start(before: str, prefix_text: str) -> int | None:
     """Where the turn's header begins in ``before`` (the text up to the marker): the last
     occurrence of the longest start of ``prefix_text`` within the last ``len(prefix_text) +
-    64`` characters; None when not found."""
+    64`` characters that reaches past the role name ``assistant`` (the whole of it when it does
+    not name the role); None when not found."""
     window = max(0, len(before) - len(prefix_text) - _HEADER_SLACK)
-    for k in range(len(prefix_text), 0, -1):
+    role = prefix_text.find("assistant")
+    shortest = role + len("assistant") if role >= 0 else len(prefix_text)
+    for k in range(len(prefix_text), max(shortest, 1) - 1, -1):
         at = before.rfind(prefix_text[:k], window)
         if at >= 0:
             return at
