@@ -30,10 +30,12 @@ def ask(server, messages, **fields):
 
 
 def sampled_session(server):
-    """Turn 1 sampled (temperature 1, seed), sent back as text; turn 2 greedy. Returns
-    (held after turn 1, turn-2 usage, turn-2 answer)."""
+    """Turn 1 sampled (temperature 1, seed; the tokens 'se' and 'a' favoured by logit_bias, so
+    the text 'sea...' re-tokenizes into other ids), sent back as text; turn 2 greedy. Returns
+    (held after turn 1, turn-2 usage, turn-2 answer, turn-1 messages, turn-1 answer)."""
     first = [SYSTEM, {"role": "user", "content": "Write one short sentence about the sea."}]
-    answer, usage1 = ask(server, first, temperature=1.0, seed=7, max_tokens=24)
+    answer, usage1 = ask(server, first, temperature=1.0, seed=7, max_tokens=8,
+                         logit_bias={"313": 100, "81": 100})
     held = usage1["prompt_tokens"] + usage1["completion_tokens"]
     second = first + [{"role": "assistant", "content": answer},
                       {"role": "user", "content": "Now one about the mountains."}]
@@ -52,6 +54,7 @@ def test_sampled_answer_sent_back_as_text_kv_model():
         assert cold_answer == answer and cold_usage["prompt_tokens"] == usage["prompt_tokens"]
         assert cold_usage["prompt_tokens_details"]["cached_tokens"] == 0
         t_held, t_usage, _, _, _ = sampled_session(template)
+        assert t_usage["prompt_tokens_details"]["cached_tokens"] < t_held - 1  # re-tokenized: a miss
         print("exact cached", usage["prompt_tokens_details"]["cached_tokens"], "of held", held,
               "| template cached", t_usage["prompt_tokens_details"]["cached_tokens"], "of held", t_held)
 
