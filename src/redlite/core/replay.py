@@ -74,7 +74,7 @@ def content_key(content: str, calls: tuple) -> str:
 @dataclass
 class GeneratedTurn:
     """One generated answer. prefix_ids / prefix_text: the prompt's generation prompt (after
-    its last message boundary, a forced call opening included); answer_ids: every generated
+    its last message boundary); answer_ids: every generated
     token id, the end-of-turn token excluded; content, reasoning, calls: the parsed answer
     (calls as ``(id, name, canonical arguments)``); context: :func:`context_key` of the
     request's last message (the one this turn answered)."""
