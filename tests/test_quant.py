@@ -113,7 +113,7 @@ def test_linear_dequantizes_what_has_no_kernel() -> None:
 def test_bundled_model_parity_with_float32_reference(tmp_path) -> None:
     from redlite.loading.bundled import bundled_model_path
     from redlite.loading.gguf import resolve_model_dir
-    from redlite.loading.gguf_tensors import GGUFTensors
+    from redlite.loading.gguf_tensors import dequantized_weights
     from redlite.loading.hf import load_hf_model, weight_formats
     from redlite.models.llama import LlamaModel
 
@@ -121,8 +121,7 @@ def test_bundled_model_parity_with_float32_reference(tmp_path) -> None:
     config = json.loads((directory / "config.json").read_text())
     model, _ = load_hf_model(directory, "cpu", torch.float32)
     assert weight_formats(model) == {"Q4_1:int4": 120, "Q8_0:int4": 1}
-    dense = {name: torch.from_numpy(v.dequantize()) if hasattr(v, "int4_parts") else v
-             for name, v in GGUFTensors(directory / "model.gguf", config).items()}
+    dense = dequantized_weights(directory)
     reference = LlamaModel(config)
     reference.load_hf_weights(dense)
     ids = torch.tensor([1, 9690, 198, 2683, 359, 253, 5356, 5646, 2, 198, 1, 4093, 198, 1780, 314, 260,
