@@ -6,10 +6,10 @@ For each model it runs, one after the other in fresh processes:
 
 * llama.cpp's ``llama-bench`` (``-p PROMPT -n GEN -t THREADS -r REPS -o json``): prefill and
   decode tokens/s; its peak resident memory from ``wait4``;
-* redlite's engine (``--child``): resident memory after load, prefill tokens/s at PROMPT
+* redlite's engine (``--child``, with ``--int4-decode``: weights quantized in memory): resident memory after load, prefill tokens/s at PROMPT
   random token ids from an empty state, decode tokens/s over GEN greedy steps after a
   16-token prompt (mean over REPS), peak resident memory;
-* ``redlite serve`` twice: process start to ``/health`` answering (the second start uses the
+* ``redlite serve --int4-decode`` twice: process start to ``/health`` answering (the second start uses the
   caches the first made).
 
 Models: ``bundled`` (SmolLM2-135M Q4_1) and ``random-1.5b`` (a 1.5 B-class llama shape with
@@ -105,7 +105,7 @@ def child(model: str, ctx: int, threads: int, prompt: int, gen: int, reps: int) 
     from redlite.engine.factory import load_engine
 
     started = time.perf_counter()
-    engine, _ = load_engine(model, ctx_size=ctx, device="cpu")
+    engine, _ = load_engine(model, ctx_size=ctx, device="cpu", int4_decode=True)
     load_s = time.perf_counter() - started
     rss_after_load = _rss()
     rng = random.Random(0)
@@ -147,7 +147,7 @@ def cold_start(model: Path, ctx: int, port: int) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "redlite.cli", "serve", "--model", str(model), "--port", str(port),
-                             "--ctx-size", str(ctx)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--ctx-size", str(ctx), "--int4-decode"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while True:
             if proc.poll() is not None:

@@ -8,7 +8,9 @@ Tolerances (stated per path, measured on the bundled model, justified by the ari
 * Prefill (more than ``KERNEL_MAX_ROWS`` rows): the float32 product of those exact weights,
   so the logits equal the float32-dequantized reference model's up to summation order
   (``atol 1e-4``; measured 0).
-* Decode (the int4 kernel): activations and scales are rounded to bfloat16 (relative 2**-9
+* The default (``int4_decode`` off): weights held dequantized in float32, every product is
+  the reference's (``atol 1e-4``).
+* Decode with ``int4_decode`` (the int4 kernel): activations and scales are rounded to bfloat16 (relative 2**-9
   each) in every product of 30 layers; the logits stay within ``0.35 x`` the reference
   logits' standard deviation (measured at most 0.28) and the greedy token is the same.
 """
@@ -119,8 +121,10 @@ def test_bundled_model_parity_with_float32_reference(tmp_path) -> None:
 
     directory = resolve_model_dir(bundled_model_path())
     config = json.loads((directory / "config.json").read_text())
-    model, _ = load_hf_model(directory, "cpu", torch.float32)
+    model, _ = load_hf_model(directory, "cpu", torch.float32, int4_decode=True)
     assert weight_formats(model) == {"Q4_1:int4": 120, "Q8_0:int4": 1}
+    default, _ = load_hf_model(directory, "cpu", torch.float32)  # float32 products by default
+    assert weight_formats(default) == {"Q4_1:dequantized": 120, "Q8_0:dequantized": 1}
     dense = dequantized_weights(directory)
     reference = LlamaModel(config)
     reference.load_hf_weights(dense)
@@ -135,3 +139,5 @@ def test_bundled_model_parity_with_float32_reference(tmp_path) -> None:
             got, want = model(token[None], state), reference(token[None], ref_state)
             assert (got - want).abs().max() <= 0.35 * want.std()
             assert int(got.argmax()) == int(want.argmax())
+        torch.testing.assert_close(default(ids, default.new_state(64, "cpu", torch.float32), all_logits=True),
+                                   want, atol=1e-4, rtol=0)

@@ -13,9 +13,11 @@ CPU, see :mod:`redlite.layers.quant_int4`), chosen at load from what the weights
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +61,22 @@ def linear_kernel(device: torch.device | str | None, dtype: torch.dtype | None) 
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and _onednn_works(dtype):
         return _onednn_linear
     return F.linear
+
+
+_EXACT = contextvars.ContextVar("redlite_exact_products", default=False)
+
+
+@contextlib.contextmanager
+def exact_products() -> Iterator[None]:
+    """Within this context quantized layers multiply with their float32-dequantized weights
+    whatever the row count (the engine's prefill, so a prompt's logits and KV entries do not
+    depend on how it was split into calls; outside, one-token decode steps use the faster,
+    bfloat16-rounded int4 kernel)."""
+    token = _EXACT.set(True)
+    try:
+        yield
+    finally:
+        _EXACT.reset(token)
 
 
 class Linear(nn.Module):
@@ -113,6 +131,17 @@ class Linear(nn.Module):
         if self.bias is not None:
             self.bias.copy_(torch.cat([b.reshape(-1) for b in bias_blocks]))
 
+    def densify(self) -> None:
+        """Replace a quantized weight by its float32-dequantized values in the layer dtype
+        (exact float32 products at every row count; the memory of a dense weight)."""
+        if self.quant is None:
+            return
+        self.weight = nn.Parameter(self.quant.dequantize(self.dtype), requires_grad=False)
+        for name in self.quant.tensors():
+            delattr(self, f"quant_{name}")
+        self.quant = None
+        self.format = self.format.replace(":int4", ":dequantized")
+
     def load_state(self, tensors: dict[str, torch.Tensor], fmt: str) -> None:
         """Restore from this layer's own ``state_dict`` entries (names without the module
         prefix) as saved after a :meth:`load`; ``fmt``: the ``format`` it had then."""
@@ -135,7 +164,7 @@ class Linear(nn.Module):
         """``x`` [T, in] -> [T, out] in ``x``'s dtype."""
         if self.quant is None:
             return self.kernel(x, self.weight, self.bias)
-        out = self.quant.linear(x, self.kernel)
+        out = self.quant.linear(x, self.kernel, exact=_EXACT.get())
         return out if self.bias is None else out.add_(self.bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,8 @@ def build_engine(args: argparse.Namespace):
                             max_context=args.ctx_size or 1 << 20, delay_ms=args.echo_delay_ms)
         return engine, ByteTokenizer()
     from redlite.engine.factory import load_engine
-    return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype)
+    return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype,
+                       int4_decode=args.int4_decode)
 
 
 class _Server(uvicorn.Server):
