@@ -253,7 +253,7 @@ def main() -> None:
         sdpa_new_shapes()
         if not args.quick:
             small_kernels()
-            gemv(bw)
+            gemv_sweep(bw)
         if args.quick:
             configs = [(64, 4, 3, 4), (64, 4, 2, 2), (64, 4, 3, 2), (64, 4, 4, 4), (128, 4, 3, 4), (64, 8, 3, 4)]
         else:

@@ -25,7 +25,9 @@ class ServerProcess:
     def __init__(self, *args: str, engine: str = "echo", timeout_s: float = 120.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        self._log = tempfile.NamedTemporaryFile("w+", prefix="redlite-test-", suffix=".log",
+                                                delete=False)
+        self._final_log = ""
         command = [sys.executable, "-m", "redlite.cli", "serve", "--engine", engine,
                    "--port", str(self.port), *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -33,6 +35,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
@@ -45,8 +48,12 @@ class ServerProcess:
             time.sleep(0.1)
 
     def log(self) -> str:
-        with open(self._log.name, encoding="utf-8", errors="replace") as f:
-            return f.read()
+        """What the server printed so far ("" once :meth:`stop` deleted the log)."""
+        try:
+            with open(self._log.name, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return self._final_log
 
     def wait_for_log(self, text: str, timeout_s: float = 5.0) -> str:
         deadline = time.monotonic() + timeout_s
@@ -60,6 +67,7 @@ class ServerProcess:
         self.proc.send_signal(sig)
 
     def stop(self) -> int:
+        """Stop the process (SIGINT, then SIGKILL after 10 s) and delete its log file."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
@@ -67,6 +75,12 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._final_log = self.log()
+        self._log.close()
+        try:
+            os.unlink(self._log.name)
+        except FileNotFoundError:
+            pass
         return self.proc.returncode
 
     def __enter__(self) -> "ServerProcess":

@@ -80,7 +80,7 @@ def test_completion_with_token_ids(echo_server):
     ({"n": 2}, "n"),
     ({"stop": 5}, "stop"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"stop": [""]}, "stop"),
+    ({"stop": [""]}, "stop.0"),
     ({"stop": "x" * 257}, "stop"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
@@ -93,12 +93,14 @@ def test_invalid_fields_get_400_with_param(echo_server, fields, param):
     error = r.json()["error"]
     assert error["param"] == param
     assert error["type"] == "invalid_request_error"
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
+    assert error["request_id"] == r.headers["x-request-id"]
     assert chat(echo_server.url, "still here").json()["choices"][0]["message"]["content"] == "still here"
 
 
 def test_bad_json_unknown_route_and_wrong_method(echo_server):
-    r = httpx.post(echo_server.url + "/v1/chat/completions", content=b"{not json")
+    r = httpx.post(echo_server.url + "/v1/chat/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     r = httpx.get(echo_server.url + "/v1/nothing")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"

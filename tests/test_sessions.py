@@ -4,6 +4,7 @@ import errno
 import json
 import logging
 import os
+import re
 import struct
 
 import numpy as np
@@ -53,7 +54,7 @@ def test_round_trip_numpy_with_checkpoints(tmp_path):
     for field in ("format", "version", "fingerprint", "dtype", "layout", "held_ids",
                   "checkpoints", "created", "last_used", "checksum"):
         assert field in meta
-    assert meta["checksum"].startswith("crc32:")
+    assert re.fullmatch(r"xxh3:[0-9a-f]{16}", meta["checksum"])
 
 
 def test_round_trip_torch_bfloat16(tmp_path):
@@ -155,7 +156,12 @@ def store(tmp_path, **kw):
     return s
 
 
-def test_scan_indexes_ours_refuses_others_and_cleans_temp_files(tmp_path, caplog):
+def listing(directory):
+    """Names in ``directory`` but the owner lock files."""
+    return sorted(p.name for p in directory.iterdir() if not p.name.startswith(".rl-owner-"))
+
+
+def test_scan_indexes_ours_rejects_others_and_cleans_temp_files(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     write(tmp_path, [1, 2, 3], "rl-00000000000000aa.rlsession")
     write(tmp_path, [4, 5, 6], "rl-00000000000000bb.rlsession", Expected("other", "none", "numpy"))
@@ -166,20 +172,30 @@ def test_scan_indexes_ours_refuses_others_and_cleans_temp_files(tmp_path, caplog
     assert [e.key for e in s.entries()] == ["rl-00000000000000aa.rlsession"]
     assert "refused file rl-00000000000000bb.rlsession reason=fingerprint" in caplog.text
     assert "refused file rl-00000000000000cc.rlsession reason=truncated" in caplog.text
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "notes.txt", "rl-00000000000000aa.rlsession", "rl-00000000000000bb.rlsession",
-        "rl-00000000000000cc.rlsession"]
+    assert listing(tmp_path) == ["notes.txt", "rejected", "rl-00000000000000aa.rlsession"]
+    assert listing(tmp_path / "rejected") == s.rejected() == [
+        "rl-00000000000000bb.rlsession", "rl-00000000000000cc.rlsession"]
+    # moved aside once: the next start neither refuses nor indexes them again
+    caplog.clear()
+    again = store(tmp_path)
+    assert "refused" not in caplog.text and len(again) == 1 and len(again.rejected()) == 2
+    assert "1 saved conversations indexed" in caplog.text and "2 rejected" in caplog.text
 
 
-def test_load_refuses_a_corrupted_file_and_forgets_it(tmp_path, caplog):
+def test_load_refuses_a_corrupted_file_and_moves_it_aside(tmp_path, caplog):
     path = write(tmp_path, list(range(20)), "rl-00000000000000aa.rlsession")
     s = store(tmp_path)
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x10
     path.write_bytes(data)
+    loaded = s.load("rl-00000000000000aa.rlsession")  # header fine: the checksum is verified
+    with pytest.raises(SessionFileError) as info:    # while the engine copies the state in
+        loaded.verify()
+    assert info.value.reason == "checksum"
+    assert "reason=checksum" in caplog.text and "moved to rejected/" in caplog.text
+    assert len(s) == 0 and not path.exists()
+    assert (tmp_path / "rejected" / path.name).read_bytes() == data  # kept for inspection
     assert s.load("rl-00000000000000aa.rlsession") is None
-    assert "reason=checksum" in caplog.text
-    assert len(s) == 0 and path.exists()  # refused, not deleted
 
 
 def test_pruning_keeps_the_newest_and_deletes_only_our_files(tmp_path):
@@ -189,6 +205,7 @@ def test_pruning_keeps_the_newest_and_deletes_only_our_files(tmp_path):
     other_model = write(tmp_path, [9, 9], "rl-00000000000000ff.rlsession", Expected("other", "none", "numpy"))
     (tmp_path / "sub").mkdir()
     s = store(tmp_path, keep=3)
+    assert s.rejected() == [other_model.name]  # counted against keep, and pruned first
 
     def used_at(ids, when):
         e = entry(ids)
@@ -197,8 +214,8 @@ def test_pruning_keeps_the_newest_and_deletes_only_our_files(tmp_path):
     saved = [s.save(used_at([i] * (5 + i), 100.0 + i)).key for i in range(6)]
     names = {p.name for p in tmp_path.iterdir()}
     assert set(saved[-3:]) <= names and not set(saved[:3]) & names
-    assert set(foreign) <= names and other_model.name in names and "sub" in names
-    assert len(s) == 3
+    assert set(foreign) <= names and "sub" in names
+    assert len(s) == 3 and s.rejected() == [] and list((tmp_path / "rejected").iterdir()) == []
     # byte bound: each file is a few hundred bytes
     size = (tmp_path / saved[-1]).stat().st_size
     s.max_bytes = 2 * size + size // 2
@@ -244,4 +261,4 @@ def test_failed_save_is_logged_not_raised(tmp_path, caplog):
     s.scan()
     assert s.save(entry([1, 2, 3])) is None
     assert "save failed 3 tok reason=io" in caplog.text
-    assert len(s) == 0 and os.listdir(tmp_path) == []
+    assert len(s) == 0 and listing(tmp_path) == []

@@ -1,5 +1,6 @@
 """The llama.cpp-compatible slot API (save / restore / erase) against echo-engine servers."""
 
+import stat
 import threading
 
 import httpx
@@ -15,6 +16,7 @@ HOSTILE = [
     "", ".", "..", "../x.bin", "../../etc/passwd", "/etc/passwd", "a/b.bin", "a\\b.bin",
     ".hidden", ".bashrc", "x/../y", "..%2f..%2fetc", "x\x00y", "name with space", "~root",
     "a" * 129, "файл.bin", "x..bin", "C:evil", "x|y", "$(reboot)", "rl-0123456789abcdef.rlsession",
+    "x.bin\n", "x.bin\r", "\nx.bin", "x.bin\n\n",
 ]
 
 
@@ -27,6 +29,8 @@ def test_validate_filename_rejects_hostile_names():
 
 
 def slot(server, action, body=None, id_slot="0"):
+    if body is None:
+        body = {"filename": "unused.bin"}  # every action takes the same body
     return httpx.post(f"{server.url}/slots/{id_slot}", params={"action": action}, json=body, timeout=30)
 
 
@@ -42,11 +46,13 @@ def test_disabled_without_slot_save_path(echo_server):
     assert r.status_code == 501
     error = r.json()["error"]
     assert "--slot-save-path" in error["message"] and error["type"] == "not_implemented_error"
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code", "request_id"}
 
 
 def test_save_erase_restore(start_server, tmp_path):
-    server = start_server("--slot-save-path", str(tmp_path))
+    server = start_server("--slot-save-path", str(tmp_path / "slots"))
+    tmp_path = tmp_path / "slots"
+    assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o700  # they decode to whole conversations
     answer, _ = ask(server, CONV)
     held = len(tok.render_chat(CONV).token_ids) + len(answer.encode())
     r = slot(server, "save", {"filename": "conv.bin"})
@@ -55,6 +61,7 @@ def test_save_erase_restore(start_server, tmp_path):
     assert saved["id_slot"] == 0 and saved["filename"] == "conv.bin"
     assert saved["n_saved"] == held
     assert saved["n_written"] == (tmp_path / "conv.bin").stat().st_size
+    assert stat.S_IMODE((tmp_path / "conv.bin").stat().st_mode) == 0o600
     assert saved["timings"]["save_ms"] >= 0
     r = slot(server, "erase")
     assert r.status_code == 200 and r.json() == {"id_slot": 0, "n_erased": held}
@@ -86,9 +93,15 @@ def test_bad_requests(start_server, tmp_path):
     server = start_server("--slot-save-path", str(tmp_path))
     assert slot(server, "save", {"filename": "x.bin"}, id_slot="1").status_code == 400
     assert slot(server, "explode", {"filename": "x.bin"}).status_code == 400
-    assert slot(server, "restore", {"filename": "missing.bin"}).status_code == 400
-    r = httpx.post(f"{server.url}/slots/0?action=save", content=b"{not json", timeout=10)
+    assert slot(server, "restore", {"filename": "missing.bin"}).status_code == 404
+    r = httpx.post(f"{server.url}/slots/0?action=save", content=b"{not json", timeout=10,
+                   headers={"content-type": "application/json"})
     assert r.status_code == 400
+    for action in ("save", "erase"):  # a cross-site form post cannot write or erase
+        r = httpx.post(f"{server.url}/slots/0?action={action}", content=b'{"filename": "f.bin"}',
+                       headers={"content-type": "text/plain"}, timeout=10)
+        assert r.status_code == 415
+    assert not (tmp_path / "f.bin").exists()
     (tmp_path / "junk.bin").write_bytes(b"\x00" * 64)
     r = slot(server, "restore", {"filename": "junk.bin"})
     assert r.status_code == 400 and "cannot restore" in r.json()["error"]["message"]

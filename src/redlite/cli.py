@@ -28,6 +28,17 @@ def process_age_s() -> float:
 _IMPORTED_AT = time.monotonic()
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" to an option's help once: not when the help already says its
+    default, nor for defaults that mean "off" or "not given" (None, False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if "default" in help_text or action.default is None or action.default is False:
+            return help_text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``redlite`` argument parser (``serve`` and its options, ``--version``)."""
     parser = argparse.ArgumentParser(prog="redlite", description="redlite: an OpenAI-compatible "
@@ -35,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"redlite {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible HTTP API",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=_HelpFormatter)
     serve.add_argument("--model", help="GGUF file or Hugging Face directory (default: the bundled SmolLM2-135M-Instruct)")
     serve.add_argument("--engine", choices=["torch", "echo"], default="torch",
                        help="torch: the model; echo: model-free test engine that answers with the "
@@ -52,9 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                        help="weights and state dtype (default: float32 on CPU, bfloat16 on CUDA)")
     serve.add_argument("--max-body-mib", type=float, default=8.0, help="largest request body (413 above)")
-    serve.add_argument("--body-timeout-s", type=float, default=30.0, help="time-out between body chunks")
+    serve.add_argument("--body-timeout-s", type=float, default=30.0,
+                       help="time allowed for a whole request body, seconds (408 after it)")
     serve.add_argument("--header-timeout-s", type=float, default=10.0, help="time-out for a request's headers")
     serve.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one")
+    serve.add_argument("--prefill-chunk", type=int, default=512,
+                       help="most prompt tokens per prefill step; a request that is cancelled "
+                            "(client gone, shutdown) stops between steps")
+    serve.add_argument("--max-tokens", type=int, default=4096,
+                       help="server-side cap on the tokens generated for any request (0: none)")
     serve.add_argument("--no-reuse", action="store_true", help="never reuse held state (every plan resets)")
     serve.add_argument("--checkpoint-interval", type=int, default=1024, help="tokens between checkpoints in long prefills")
     serve.add_argument("--checkpoint-mib", type=float, default=512.0,
@@ -70,8 +87,28 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--session-max-gb", type=float, default=20.0, help="most GB of session files kept")
     serve.add_argument("--slot-save-path", default=None,
                        help="directory of the llama.cpp-style slot API's files (API off when not given)")
+    serve.add_argument("--api-key", action="append", metavar="KEY",
+                       help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' on every "
+                            "route but /health (repeatable)")
+    serve.add_argument("--api-key-file", action="append", metavar="PATH",
+                       help="file of API keys, one per line (repeatable)")
+    serve.add_argument("--allowed-host", action="append", metavar="NAME",
+                       help="a Host name accepted besides localhost, 127.0.0.1 and [::1] "
+                            "(repeatable; the Host check stops DNS rebinding)")
+    serve.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                       help="an origin (e.g. http://localhost:3000) that gets CORS headers "
+                            "(repeatable; none by default)")
     serve.add_argument("--echo-delay-ms", type=float, default=0.0, help="echo engine: delay per decoded token")
+    serve.add_argument("--echo-prefill-delay-ms", type=float, default=0.0,
+                       help="echo engine: delay per prefilled token")
+    serve.add_argument("--echo-snapshot-delay-ms", type=float, default=0.0,
+                       help="echo engine: delay per state copy (parking, saving)")
     serve.add_argument("--echo-no-rewind", action="store_true", help="echo engine: behave like a recurrent model")
+    serve.add_argument("--tool-parser", default=None, choices=["hermes", "qwen3_coder", "llama3_json"],
+                       help="tool-call format of the output (default: detected from the chat template)")
+    serve.add_argument("--reasoning-parser", default=None, choices=["qwen3", "none"],
+                       help="reasoning markup of the output (default: qwen3 when the chat template "
+                            "mentions <think>, else none)")
     serve.add_argument("--log-level", default="info", help="debug, info, warning or error")
     return parser
 
@@ -82,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
+        from redlite.server.shutdown import Stopper
+        stopper = Stopper()
+        stopper.install()  # before the heavy imports: a signal while starting exits with 0
         from redlite.server.run import serve
-        return serve(args)
+        return serve(args, stopper)
     return 2
 
 

@@ -1,22 +1,38 @@
 """The echo engine's tokenizer: one token per UTF-8 byte plus four special tokens.
 
 Ids 0-255 are bytes; 256 ``<|system|>``, 257 ``<|user|>``, 258 ``<|assistant|>``,
-259 ``<|end|>`` (end of turn). The chat template renders each message as
-``<|role|>content<|end|>`` and ends with ``<|assistant|>``.
+259 ``<|end|>`` (end of turn), 260 ``<|tool|>``. The chat template renders each message as
+``<|role|>content<|end|>`` and ends with ``<|assistant|>`` (``<|assistant|><think>\n`` with
+``enable_thinking=True``). Its rendering of tools, calls and reasoning (deterministic, in the
+hermes / qwen3 markup that the output scanner parses):
+
+* ``tools``: ``<tools>\n`` + one JSON object per line + ``\n</tools>``, appended (after a blank
+  line) to the first system message, or as a system message of its own;
+* assistant: ``<think>\nREASONING\n</think>\n\n`` when it has reasoning, then the content, then
+  each call as ``<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`` (``json.dumps``
+  with its default separators; items joined by ``\n``);
+* tool results: ``<|tool|>content<|end|>``.
+
+So an echo answer of exactly that call text (the echo engine repeats the last user or tool
+message) comes back as a parsed tool call, and the re-rendered history gives back the same bytes.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import re
 from typing import Sequence
 
 from redlite.core.tokenizer import RenderedPrompt
 
-SPECIAL_TOKENS = {"<|system|>": 256, "<|user|>": 257, "<|assistant|>": 258, "<|end|>": 259}
-ROLE_TOKENS = {"system": 256, "user": 257, "assistant": 258}
-USER, ASSISTANT, END = 257, 258, 259
-VOCAB_SIZE = 260
+SPECIAL_TOKENS = {"<|system|>": 256, "<|user|>": 257, "<|assistant|>": 258, "<|end|>": 259,
+                  "<|tool|>": 260}
+ROLE_TOKENS = {"system": 256, "user": 257, "assistant": 258, "tool": 260}
+USER, ASSISTANT, END, TOOL = 257, 258, 259, 260
+VOCAB_SIZE = 261
+CHAT_TEMPLATE_SOURCE = "byte template: <tool_call> hermes calls, <think> reasoning"
+"""What format detection reads for this tokenizer (see redlite.core.chat_render.detect_formats)."""
 _SPECIAL_PATTERN = re.compile("|".join(re.escape(s) for s in SPECIAL_TOKENS))
 
 
@@ -45,6 +61,7 @@ class ByteTokenizer:
 
     vocab_size = VOCAB_SIZE
     eos_token_ids = frozenset({END})
+    max_token_chars = max(len(s) for s in SPECIAL_TOKENS)  # a byte is at most one character
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
@@ -59,17 +76,52 @@ class ByteTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: list[dict]) -> RenderedPrompt:
+    chat_template_source = CHAT_TEMPLATE_SOURCE
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    enable_thinking: bool = False, **_: object) -> RenderedPrompt:
+        """Render with the byte template (module docstring); unknown template kwargs are
+        ignored, as Jinja templates ignore unused variables."""
+        parts = [(m["role"], _message_text(m)) for m in messages]
+        if tools:
+            block = "<tools>\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + "\n</tools>"
+            if parts and parts[0][0] == "system":
+                parts[0] = ("system", parts[0][1] + "\n\n" + block)
+            else:
+                parts.insert(0, ("system", block))
         ids: list[int] = []
         ends: list[int] = []
-        for message in messages:
-            ids.append(ROLE_TOKENS.get(message["role"], USER))
-            ids.extend(message["content"].encode("utf-8"))
+        for role, text in parts:
+            ids.append(ROLE_TOKENS.get(role, USER))
+            ids.extend(text.encode("utf-8"))
             ids.append(END)
             ends.append(len(ids))
+        prompt = "<|assistant|>" + ("<think>\n" if enable_thinking else "")
         ids.append(ASSISTANT)
-        text = "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in messages) + "<|assistant|>"
+        if enable_thinking:
+            ids.extend(b"<think>\n")
+        text = "".join(f"<|{role}|>{body}<|end|>" for role, body in parts) + prompt
+        if tools and not (messages and messages[0]["role"] == "system"):
+            ends = ends[1:]  # the tools block is no message of the request
         return RenderedPrompt(ids, ends, text)
 
     def incremental_decoder(self) -> _ByteDecoder:
         return _ByteDecoder()
+
+
+def _message_text(message: dict) -> str:
+    """A message's text in the byte template (tool calls and reasoning for an assistant)."""
+    content = message.get("content") or ""
+    if message["role"] != "assistant":
+        return content
+    items = [content] if content else []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments", {})
+        body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
+        items.append(f"<tool_call>\n{body}\n</tool_call>")
+    text = "\n".join(items)
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        text = f"<think>\n{reasoning}\n</think>\n\n" + text
+    return text

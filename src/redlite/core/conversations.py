@@ -20,12 +20,14 @@ raises into the request: failures are logged and end in a consistent (possibly e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Hashable
 
-from redlite.core.parking import (LIVE, Candidate, ParkedCheckpoint, ParkedEntry, ParkingPool,
-                                  choose_candidate, tensor_nbytes, usable_prefix)
+from redlite.core.parking import (ID_BYTES_PER_TOKEN, LIVE, Candidate, EntryStats, EvictionPlan,
+                                  ParkedCheckpoint, ParkedEntry, ParkingPool, choose_candidate,
+                                  plan_eviction, tensor_nbytes, usable_prefix)
 from redlite.core.reuse import common_prefix_length
 from redlite.core.sessions import SessionStore
 
@@ -58,6 +60,8 @@ def install(gen: "Generator", entry: ParkedEntry) -> bool:
     engine = gen.engine
     gen.failed = True
     try:
+        if entry.fill is not None:  # a file: straight into the engine's memory where it can
+            entry.fill(engine)
         engine.restore(entry.snapshot)
         checkpoints = [c.obj if c.obj is not None else
                        engine.checkpoint_from_tensors(c.position, c.tensors, c.meta, c.turn_boundary)
@@ -65,6 +69,8 @@ def install(gen: "Generator", entry: ParkedEntry) -> bool:
         if engine.n_past != len(entry.held_ids):
             raise RuntimeError(f"engine holds {engine.n_past} tokens after restore, "
                                f"expected {len(entry.held_ids)}")
+        if entry.verify is not None:  # a file read while it was copied in: checksum now
+            entry.verify()
         gen.held_ids = list(entry.held_ids)
         gen.checkpoints.clear()
         for checkpoint in checkpoints:
@@ -133,6 +139,8 @@ class Conversations:
             if install(gen, entry):
                 log.info("%s restored from %s %d tok in %.1f ms (usable %d)", request_id, choice.tier,
                          len(entry.held_ids), (time.perf_counter() - started) * 1000.0, choice.usable)
+            elif choice.tier == "disk" and choice.key not in self.sessions:
+                self._select(gen, prompt, request_id)  # a refused file left the index: again
             return
 
     def _candidates(self, prompt: list[int], live_usable: int, engine) -> list[Candidate]:
@@ -171,33 +179,67 @@ class Conversations:
     # --- parking -----------------------------------------------------------------------------
 
     def park_live(self, gen: "Generator", protected: frozenset) -> None:
-        """Snapshot the live conversation into the tiers (never raises; logged)."""
+        """Snapshot the live conversation into the tiers (never raises; logged). The size is
+        checked first (``Engine.state_nbytes``): a state that neither the RAM pool would admit
+        nor the disk tier would take is dropped without being copied off the device."""
         started = time.perf_counter()
+        n = len(gen.held_ids)
+        try:
+            estimate = (gen.engine.state_nbytes() + gen.checkpoints.nbytes
+                        + ID_BYTES_PER_TOKEN * n)
+        except Exception as error:
+            log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
+            return
+        to_disk = self.sessions is not None and self.sessions.eligible(n)
+        if not to_disk and not self._would_admit(EntryStats("live", estimate, n, self._clock()),
+                                                 gen.held_ids, protected, gen.engine.can_rewind):
+            log.info("evicted %d tok (%d bytes) from live reason=no-room -> dropped (not copied)",
+                     n, estimate)
+            return
         try:
             key = self.pool.new_key() if self.pool is not None else f"live-{id(gen)}-{started}"
             entry = capture(gen, key, self._clock())
         except Exception as error:
-            log.warning("park failed %d tok reason=%s: %s", len(gen.held_ids), type(error).__name__, error)
+            log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
             return
         self.park(entry, protected, gen.engine.can_rewind, started)
+
+    def _superseded(self, held_ids: list[int], protected: frozenset, can_rewind: bool) -> list:
+        """Pool entries a conversation holding ``held_ids`` makes redundant (it extends them)."""
+        if self.pool is None or not can_rewind:
+            return []
+        return [key for key in self.pool.prefixes_of(held_ids) if key not in protected]
+
+    def _admission(self, stats: EntryStats, superseded: list, protected: frozenset) -> EvictionPlan:
+        """The pool's eviction plan for an entry, counting the superseded entries as gone."""
+        gone = set(superseded)
+        current = [self.pool.stats(e) for e in self.pool.entries() if e.key not in gone]
+        return plan_eviction(current, stats, self.pool.budget_bytes, self.pool.max_entries, protected)
+
+    def _would_admit(self, stats: EntryStats, held_ids: list[int], protected: frozenset,
+                     can_rewind: bool) -> bool:
+        if self.pool is None:
+            return False
+        superseded = self._superseded(held_ids, protected, can_rewind)
+        return self._admission(stats, superseded, protected).admit
 
     def park(self, entry: ParkedEntry, protected: frozenset, can_rewind: bool,
              started: float | None = None) -> None:
         """Put ``entry`` into the RAM pool when its eviction plan admits it, spilling what it
-        evicts to disk; otherwise straight to disk (when big enough)."""
+        evicts to disk; otherwise straight to disk (when big enough). Entries it supersedes
+        (it extends them; engines that can rewind) leave the pool only once it is admitted."""
         n = len(entry.held_ids)
         if self.pool is None:
             self._spill(entry, "no-ram-pool", protected, can_rewind)
             return
-        if can_rewind:  # entries this one extends hold nothing more
-            for key in self.pool.prefixes_of(entry.held_ids):
-                if key not in protected:
-                    old = self.pool.pop(key)
-                    log.info("evicted %d tok from ram reason=superseded", len(old.held_ids))
-        plan = self.pool.plan_admission(entry, protected)
+        superseded = self._superseded(entry.held_ids, protected, can_rewind)
+        plan = self._admission(self.pool.stats(entry), superseded, protected)
         if not plan.admit:
             self._spill(entry, "no-room", protected, can_rewind)
             return
+        for key in superseded:
+            old = self.pool.pop(key)
+            log.info("evicted %d tok from ram reason=superseded", len(old.held_ids))
         for key in plan.evict:
             self._spill(self.pool.pop(key), "value", protected, can_rewind)
         self.pool.add(entry)
@@ -215,13 +257,18 @@ class Conversations:
 
     # --- stop --------------------------------------------------------------------------------
 
-    def save_all(self, gen: "Generator") -> int:
-        """Normal stop: write the live conversation and every RAM entry big enough to disk.
-        Returns the files written or found identical. Call with the engine idle."""
+    def save_all(self, gen: "Generator", live: bool = True, should_stop=None,
+                 guard=contextlib.nullcontext) -> int:
+        """Stop: write the live conversation (when ``live``: the engine is idle; and only when
+        consistent) and every RAM entry big enough to disk, newest first. ``should_stop()``
+        (optional) is asked before each file: True ends the saving (a second signal); each
+        file is written inside ``guard()`` (a context manager: the process does not end
+        while a file is being written). Returns the files written or found identical."""
         if self.sessions is None:
             return 0
         entries: list[ParkedEntry] = []
-        if not gen.failed and self.sessions.eligible(len(gen.held_ids)):
+        consistent = not gen.failed and len(gen.held_ids) == gen.engine.n_past
+        if live and consistent and self.sessions.eligible(len(gen.held_ids)):
             try:
                 entries.append(capture(gen, "live", self._clock()))
             except Exception as error:
@@ -230,8 +277,11 @@ class Conversations:
         if self.pool is not None:
             entries += sorted(self.pool.entries(), key=lambda e: -e.last_used)
         saved = 0
-        for entry in entries:
-            if self.sessions.save(entry, supersede=gen.engine.can_rewind) is not None:
-                saved += 1
+        for done, entry in enumerate(entries):
+            if should_stop is not None and should_stop():
+                log.info("stop: %d conversations not saved (stopping at once)", len(entries) - done)
+                break
+            with guard():
+                if self.sessions.save(entry, supersede=gen.engine.can_rewind) is not None:
+                    saved += 1
         return saved
-

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, prefill_split_points
-from redlite.core.reuse import Action, ReusePlan, plan_reuse
-from redlite.core.stop import StopScanner
+from redlite.core.divergence import describe_divergence
+from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
+from redlite.core.chat import ChatOutput, OutputEvent
+from redlite.core.output_scanner import OutputScanner, ParseOptions
 from redlite.core.tokenizer import Tokenizer
 from redlite.engine.base import Engine, EngineError, SamplingParams
 
@@ -32,6 +34,7 @@ class GenerationRequest:
     prompt_ids: the full prompt (len >= 1, <= the engine's max_context). message_ends: message
     boundary positions (tokens) of a chat prompt, for checkpoints. max_tokens: the most tokens to
     generate (None: until end of turn or a full context). stop: validated stop strings.
+    parse: how the output is split into content / reasoning / tool calls (None: all content).
     """
 
     prompt_ids: list[int]
@@ -41,6 +44,7 @@ class GenerationRequest:
     message_ends: list[int] = field(default_factory=list)
     request_id: str = "req"
     cancelled: threading.Event = field(default_factory=threading.Event)
+    parse: ParseOptions | None = None
 
 
 @dataclass
@@ -57,7 +61,8 @@ class EngineTask(GenerationRequest):
 @dataclass
 class GenerationResult:
     """The end of a generation. finish_reason: ``stop`` (end of turn or a stop sequence),
-    ``length`` (max_tokens or a full context) or ``cancelled`` (client gone, shutdown)."""
+    ``length`` (max_tokens or a full context) or ``cancelled`` (client gone, shutdown).
+    output: the parsed answer (its finish_reason may be ``tool_calls``)."""
 
     finish_reason: str
     prompt_tokens: int
@@ -66,17 +71,24 @@ class GenerationResult:
     ttft_ms: float
     decode_tokens_per_s: float
     plan: ReusePlan
+    output: ChatOutput = field(default_factory=ChatOutput)
 
 
 @dataclass
 class GeneratorSettings:
     """reuse: False for ``--no-reuse``. checkpoint_interval: tokens between checkpoints inside
     long prefills (``--checkpoint-interval``). checkpoint_bytes: ``--checkpoint-mib`` in bytes;
-    0 disables checkpoints (an engine that cannot rewind then resets on every fork)."""
+    0 disables checkpoints (an engine that cannot rewind then resets on every fork).
+    prefill_chunk: most tokens per ``engine.prefill`` call (``--prefill-chunk``); between chunks a
+    cancelled request (client gone, shutdown) stops, keeping what was prefilled.
+    max_tokens: server-side cap on generated tokens for every request (``--max-tokens``; None:
+    no cap)."""
 
     reuse: bool = True
     checkpoint_interval: int = 1024
     checkpoint_bytes: int = 512 << 20
+    prefill_chunk: int = 512
+    max_tokens: int | None = None
 
 
 class Generator:
@@ -94,19 +106,30 @@ class Generator:
         # Candidate selection among the live and parked conversations (redlite.core.conversations
         # .Conversations); None: the live state is the only candidate.
         self.parking = None
+        # where the last generated answer starts in held_ids (for the cache-miss explanation)
+        self._answer_start: int | None = None
 
     # --- planning and executing --------------------------------------------------------------
 
     def plan(self, prompt_ids: list[int]) -> ReusePlan:
-        """The reuse plan for ``prompt_ids`` against the held state (pure, no side effects)."""
+        """The reuse plan for ``prompt_ids`` against the held state (pure, no side effects).
+        Held ids that disagree with the engine's ``n_past`` (a failure mid-way) count as a
+        failure: the plan resets with ``reason=after-failure``."""
+        consistent = len(self.held_ids) == self.engine.n_past
+        if not consistent and not self.failed:
+            log.warning("held %d tok but the engine holds %d: resetting", len(self.held_ids),
+                        self.engine.n_past)
         return plan_reuse(self.held_ids, prompt_ids, self.engine.can_rewind,
                           self.checkpoints.positions, enabled=self.settings.reuse,
-                          after_failure=self.failed)
+                          after_failure=self.failed or not consistent)
 
-    def _execute(self, plan: ReusePlan, request: GenerationRequest) -> Any:
-        """Bring the engine to the prompt's end; return the logits there."""
+    def _execute(self, plan: ReusePlan, request: GenerationRequest) -> tuple[Any, bool]:
+        """Bring the engine to the prompt's end; return ``(logits there, True)``, or
+        ``(None, False)`` when the request was cancelled between two prefill chunks (what was
+        prefilled stays held). ``failed`` is set while the engine may be ahead of the held ids."""
         engine, prompt = self.engine, request.prompt_ids
         logits = None
+        self.failed = True
         if plan.action is Action.RESET:
             engine.reset()
             self.held_ids = []
@@ -122,29 +145,38 @@ class Generator:
             self.checkpoints.drop_after(plan.keep)
         self.failed = False
         if plan.keep == len(prompt):
-            return logits
+            return logits, True
         if engine.can_rewind or self.settings.checkpoint_bytes <= 0:
-            logits = engine.prefill(prompt[plan.keep:])
-            self.held_ids.extend(prompt[plan.keep:])
-            return logits
-        # An engine without rewind prefills in segments so checkpoints land on message
-        # boundaries, every checkpoint_interval tokens, and at the prompt's end.
+            ends = [len(prompt)]
+        else:  # checkpoints on message boundaries, every checkpoint_interval tokens, at the end
+            ends = prefill_split_points(plan.keep, len(prompt), request.message_ends,
+                                        self.settings.checkpoint_interval)
         start = plan.keep
-        for end in prefill_split_points(start, len(prompt), request.message_ends,
-                                        self.settings.checkpoint_interval):
-            logits = engine.prefill(prompt[start:end])
-            self.held_ids.extend(prompt[start:end])
-            checkpoint = engine.take_checkpoint(logits, turn_boundary=end == len(prompt))
-            if checkpoint is not None:
-                self.checkpoints.add(checkpoint)
-            start = end
-        log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
-        return logits
+        for end in ends:
+            while start < end:
+                if request.cancelled.is_set():
+                    log.info("%s prefill stopped at %d of %d tok: cancelled", request.request_id,
+                             start, len(prompt))
+                    return None, False
+                stop = min(end, start + max(1, self.settings.prefill_chunk))
+                self.failed = True
+                logits = engine.prefill(prompt[start:stop])
+                self.held_ids.extend(prompt[start:stop])
+                self.failed = False
+                start = stop
+            if not engine.can_rewind and self.settings.checkpoint_bytes > 0:
+                checkpoint = engine.take_checkpoint(logits, turn_boundary=end == len(prompt))
+                if checkpoint is not None:
+                    self.checkpoints.add(checkpoint)
+        if len(ends) > 1 or not engine.can_rewind:
+            log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
+        return logits, True
 
     # --- the generation loop ------------------------------------------------------------------
 
-    def run(self, request: GenerationRequest) -> Iterator[str | GenerationResult]:
-        """Yield text deltas (str), then one :class:`GenerationResult`.
+    def run(self, request: GenerationRequest) -> Iterator[OutputEvent | GenerationResult]:
+        """Yield :class:`OutputEvent` s (content / reasoning / tool-call pieces, from the
+        :class:`OutputScanner`), then one :class:`GenerationResult`.
 
         Raises EngineError / any engine exception; the history is then marked failed so the next
         request resets (the held ids may no longer match the engine state).
@@ -164,17 +196,28 @@ class Generator:
             self.parking.select(self, prompt, request.request_id)
         plan = self.plan(prompt)
         if (line := plan.miss_line()) is not None:
+            if plan.reason is MissReason.TOKEN_MISMATCH:
+                line += " " + describe_divergence(self.tokenizer, self.held_ids, prompt, plan.common,
+                                                  self._answer_start)
             log.info("%s %s", request.request_id, line)
-        self.failed = True  # until the state is consistent again
-        logits = self._execute(plan, request)
-        self.failed = False
+        logits, complete = self._execute(plan, request)
         ttft_ms = (self._clock() - started) * 1000.0
+        if not complete:
+            log.info("%s generated 0 tok, finish cancelled, held %d tok", request.request_id,
+                     len(self.held_ids))
+            yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan)
+            return
         log.info("%s prefill %d tok (%d cached) ttft %.1f ms", request.request_id,
                  plan.prefill, plan.keep, ttft_ms)
 
+        max_tokens = request.max_tokens
+        if self.settings.max_tokens is not None:  # the server-side cap (--max-tokens)
+            max_tokens = min(max_tokens or self.settings.max_tokens, self.settings.max_tokens)
+        # the answer's region starts where the template's generation prompt does
+        self._answer_start = request.message_ends[-1] if request.message_ends else len(prompt)
         sampler = self.engine.make_sampler(request.sampling)
         decoder = self.tokenizer.incremental_decoder()
-        scanner = StopScanner(request.stop)
+        scanner = OutputScanner(request.stop, request.parse)
         eos = self.tokenizer.eos_token_ids
         generated = 0
         finish = "length"
@@ -188,13 +231,12 @@ class Generator:
                 finish = "stop"
                 break
             generated += 1
-            text, stopped = scanner.push(decoder.push(token))
-            if text:
-                yield text
+            events, stopped = scanner.push(decoder.push(token))
+            yield from events
             if stopped:
                 finish = "stop"
                 break
-            if request.max_tokens is not None and generated >= request.max_tokens:
+            if max_tokens is not None and generated >= max_tokens:
                 break
             if self.engine.n_past >= self.engine.max_context:
                 break
@@ -206,15 +248,14 @@ class Generator:
             self.held_ids.append(token)
             self.failed = False
         if not scanner.stopped:
-            tail, _ = scanner.push(decoder.flush())
-            if not scanner.stopped:
-                tail += scanner.flush()
-            if scanner.stopped:
+            events, stopped = scanner.push(decoder.flush())
+            yield from events
+            if stopped:
                 finish = "stop"
-            if tail:
-                yield tail
+        events, output = scanner.finish(finish)
+        yield from events
         elapsed = self._clock() - decode_started
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
                  request.request_id, generated, rate, finish, len(self.held_ids))
-        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan)
+        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan, output)

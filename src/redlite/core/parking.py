@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
 from redlite.core.reuse import common_prefix_length
@@ -61,6 +61,11 @@ class ParkedEntry:
     snapshot: the engine state in host memory (None for a disk entry not loaded yet).
     checkpoints: the conversation's checkpoints, ascending by position.
     created/last_used: wall-clock times (s since the epoch). tier: ``"ram"`` or ``"disk"``.
+    fill/verify: for an entry just read from disk (its tensors mapped, unverified):
+    ``fill(engine) -> bool`` reads the file straight into the engine's memory and verifies it
+    (True; raises when the file is refused) or, for an engine offering no targets, starts the
+    checksum pass and returns False; ``verify() -> None`` finishes that pass (raises when the
+    file is refused). ``install`` calls both before trusting the state.
     """
 
     key: Hashable
@@ -70,6 +75,8 @@ class ParkedEntry:
     created: float = 0.0
     last_used: float = 0.0
     tier: str = "ram"
+    fill: Callable[[Any], bool] | None = None
+    verify: Callable[[], None] | None = None
 
     @property
     def checkpoint_positions(self) -> list[int]:

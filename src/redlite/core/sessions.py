@@ -7,11 +7,16 @@ Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"
   every parked one on a normal stop;
 - on start the directory is indexed from the file headers (no tensor data read); files of
   another model, dtype or format version are refused with the reason logged;
-- a file is fully read and its checksum verified only when it is the best candidate; a
+- a file is read and its checksum verified only when it is the best candidate (mapped, its
+  checksum computed while the engine copies it in: :class:`ParkedEntry` ``verify``); a
   failure refuses it (logged) and the request runs cold;
+- a refused file is moved to ``rejected/`` (:mod:`redlite.core.session_dir`) once, not
+  re-indexed at every start; rejected files count against the bounds and go first;
 - pruning (:func:`plan_prune`) keeps the newest ``keep`` files (``--session-keep``) and at
-  most ``max_bytes`` in all (``--session-max-gb``); it deletes only files this tier created
-  (names ``rl-<16 hex>.rlsession`` holding this model's states), never others;
+  most ``max_bytes`` in all (``--session-max-gb``), counting the session files this server
+  may delete (:meth:`Owners.may_delete`: its own, those of owners gone) and the rejected
+  ones; it deletes only those, never other files. Servers sharing a directory use each
+  other's files, each within its own bounds, and never delete each other's;
 - a save that fails (e.g. a full disk) is logged and dropped: it never fails a request.
 
 Not thread-safe: used from the engine worker thread (and at start/stop, when it is idle).
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -31,15 +35,15 @@ from typing import Any, Hashable, Sequence
 from redlite.core.parking import (Candidate, ParkedCheckpoint, ParkedEntry,
                                   candidates_from_index, tensor_nbytes)
 from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
+from redlite.core.private_files import open_private
 from redlite.core.reuse import common_prefix_length
+from redlite.core.session_dir import (REJECTED, SESSION_NAME, TEMP_NAME, Owners,
+                                      prepare_session_dir)
 from redlite.core.session_file import (Expected, SessionFileError, StateFile, check_compatible,
-                                       read_meta, read_state_file, write_state_file)
+                                       open_state_file, read_meta, write_state_file)
 from redlite.engine.base import StateSnapshot
 
 log = logging.getLogger("redlite.sessions")
-
-SESSION_NAME = re.compile(r"^rl-[0-9a-f]{16}\.rlsession$")
-TEMP_NAME = re.compile(r"^\.rl-[0-9a-f]{16}\.rlsession\.\d+\.tmp$")
 
 
 # --- entry <-> file ----------------------------------------------------------------------------
@@ -106,14 +110,15 @@ class FileStats:
     key: Hashable
     nbytes: int
     last_used: float
+    rejected: bool = False
 
 
 def plan_prune(files: Sequence[FileStats], keep: int, max_bytes: int,
                protected: frozenset = frozenset()) -> list[Hashable]:
-    """Keys of the files to delete, least recently used first, so that at most ``keep`` files
-    and ``max_bytes`` bytes remain; protected keys are never chosen (the result may then
-    still exceed the bounds)."""
-    order = sorted(files, key=lambda f: f.last_used)
+    """Keys of the files to delete, rejected ones first, then least recently used first, so
+    that at most ``keep`` files and ``max_bytes`` bytes remain; protected keys are never
+    chosen (the result may then still exceed the bounds)."""
+    order = sorted(files, key=lambda f: (not f.rejected, f.last_used))
     count, total = len(files), sum(f.nbytes for f in files)
     victims = []
     for f in order:
@@ -143,44 +148,69 @@ class DiskEntry:
 
 
 class SessionStore:
-    """Session files of one model in ``directory`` (created when missing).
+    """Session files of one model in ``directory`` (created mode 0700 when missing).
 
     expected: what files must match (:func:`expected_for`). min_tokens: smallest conversation
-    saved (tokens). keep: most files kept. max_bytes: most bytes kept. ``opener`` (for tests)
-    opens the temporary file being written.
+    saved (tokens). keep: most files kept. max_bytes: most bytes kept (both count the
+    rejected files). ``opener`` (for tests) opens the temporary file being written.
+    :meth:`scan` (or the first save) takes this server's owner lock; :meth:`close` gives it up.
     """
 
     def __init__(self, directory: str | os.PathLike, expected: Expected, *, min_tokens: int = 512,
                  keep: int = 12, max_bytes: int = 20 << 30, block: int = DEFAULT_BLOCK,
-                 opener=open, clock=time.time) -> None:
+                 opener=open_private, clock=time.time) -> None:
         self.directory = Path(directory)
         self.expected = expected
         self.min_tokens, self.keep, self.max_bytes = int(min_tokens), int(keep), int(max_bytes)
         self._opener, self._clock = opener, clock
         self._entries: dict[str, DiskEntry] = {}
+        self._rejected: dict[str, FileStats] = {}  # name in rejected/ -> size, mtime
         self._index = PrefixIndex(block)
+        self._owners: Owners | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
     def entries(self) -> list[DiskEntry]:
         return list(self._entries.values())
 
+    def rejected(self) -> list[str]:
+        """Names of the files in ``rejected/`` (refused at load, kept until pruned)."""
+        return sorted(self._rejected)
+
     def eligible(self, n_tokens: int) -> bool:
         return n_tokens >= max(1, self.min_tokens)
+
+    @property
+    def owners(self) -> Owners:
+        if self._owners is None:
+            prepare_session_dir(self.directory)
+            self._owners = Owners(self.directory)
+        return self._owners
+
+    def close(self) -> None:
+        """Give up the owner lock (files stay; the next server adopts them)."""
+        if self._owners is not None:
+            self._owners.close()
 
     # --- index -------------------------------------------------------------------------------
 
     def scan(self) -> None:
         """Index the directory: our files of this model become candidates; others are refused
-        (logged); our stale temporary files (from a crash mid-write) are removed."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        (logged) and, when this server may, moved to ``rejected/``; stale temporary files of
+        writers no longer alive are removed; then the bounds are applied."""
+        owners = self.owners
+        owners.remove_stale_locks()
         for path in sorted(self.directory.iterdir()):
             if TEMP_NAME.match(path.name):
-                try:
-                    path.unlink()
-                except OSError:
-                    pass
+                if owners.may_delete(path.name):
+                    try:
+                        path.unlink()
+                    except OSError:
+                        pass
                 continue
             if not SESSION_NAME.match(path.name):
                 continue
@@ -191,15 +221,23 @@ class SessionStore:
                 positions = [int(c["position"]) for c in meta.get("checkpoints") or []]
                 last_used = path.stat().st_mtime  # set to the last use on save and load
             except SessionFileError as error:
-                self._refused(path.name, error)
+                self._reject(path, error)
                 continue
             except (KeyError, TypeError, ValueError, OSError) as error:
-                self._refused(path.name, SessionFileError("corrupt-header", str(error)))
+                self._reject(path, SessionFileError("corrupt-header", str(error)))
                 continue
             self._add(DiskEntry(path.name, path, held, positions, size,
                                 float(meta.get("created", 0.0)), last_used))
-        log.info("session dir %s: %d saved conversations indexed (%d bytes)", self.directory,
-                 len(self._entries), sum(e.nbytes for e in self._entries.values()))
+        rejected_dir = self.directory / REJECTED
+        if rejected_dir.is_dir():
+            for path in rejected_dir.iterdir():
+                if SESSION_NAME.match(path.name):
+                    st = path.stat()
+                    self._rejected[path.name] = FileStats(path.name, st.st_size, st.st_mtime, True)
+        log.info("session dir %s: %d saved conversations indexed (%d bytes), %d rejected",
+                 self.directory, len(self._entries), sum(e.nbytes for e in self._entries.values()),
+                 len(self._rejected))
+        self.prune()
 
     def _add(self, entry: DiskEntry) -> None:
         self._entries[entry.key] = entry
@@ -209,9 +247,25 @@ class SessionStore:
         self._index.remove(key)
         return self._entries.pop(key, None)
 
-    @staticmethod
-    def _refused(name: str, error: SessionFileError) -> None:
-        log.warning("refused file %s reason=%s (%s)", name, error.reason, error.detail)
+    def _reject(self, path: Path, error: SessionFileError) -> None:
+        """Log a refused file and move it to ``rejected/`` when this server may move it."""
+        name = path.name
+        if not self.owners.may_delete(name):  # another live server's (another model's?) file
+            log.warning("refused file %s reason=%s (%s); left in place (its writer is running)",
+                        name, error.reason, error.detail)
+            return
+        target = self.directory / REJECTED / name
+        try:
+            target.parent.mkdir(mode=0o700, exist_ok=True)
+            os.rename(path, target)
+            st = target.stat()
+        except OSError as move_error:
+            log.warning("refused file %s reason=%s (%s); could not move it to %s/: %s", name,
+                        error.reason, error.detail, REJECTED, move_error)
+            return
+        self._rejected[name] = FileStats(name, st.st_size, st.st_mtime, True)
+        log.warning("refused file %s reason=%s (%s); moved to %s/", name, error.reason,
+                    error.detail, REJECTED)
 
     def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
         """Indexed files with a usable prefix for ``prompt`` (see ParkingPool.candidates)."""
@@ -220,20 +274,52 @@ class SessionStore:
     # --- load --------------------------------------------------------------------------------
 
     def load(self, key: str) -> ParkedEntry | None:
-        """Read and verify a file; None (logged ``refused file``, dropped from the index) when
-        it cannot be used. Marks it used (mtime) on success."""
+        """Map a file and check its header; the entry's ``fill``/``verify`` (called by
+        ``install`` before the state is trusted) read it into the engine and verify its
+        checksum. None when the file cannot be used; a refused file (here or later) is
+        logged, dropped from the index and moved to ``rejected/``. Marks it used (mtime)."""
         entry = self._entries.get(key)
         if entry is None:
             return None
         try:
-            state = read_state_file(entry.path, self.expected)
+            state = open_state_file(entry.path, self.expected)
             parked = entry_from_file(state, key)
             if parked.held_ids != entry.held_ids:
                 raise SessionFileError("changed", "file differs from the indexed one")
         except SessionFileError as error:
-            self._refused(key, error)
             self._forget(key)
+            self._reject(entry.path, error)
             return None
+        def refused(error: SessionFileError) -> None:
+            if self._forget(key) is not None:
+                self._reject(entry.path, error)
+
+        def fill(engine: Any) -> bool:
+            targets = engine.restore_targets(len(parked.held_ids))
+            if not targets:
+                state.start_verify()  # verified while the engine copies the mapped state
+                return False
+            try:
+                tensors = state.fill({f"state.{name}": t for name, t in targets.items()})
+            except SessionFileError as error:
+                refused(error)
+                raise
+            snapshot = parked.snapshot
+            parked.snapshot = StateSnapshot(snapshot.n_past, {name[6:]: t for name, t in tensors.items()
+                                                              if name.startswith("state.")},
+                                            snapshot.meta, snapshot.tensor_format)
+            parked.verify = None
+            return True
+
+        def verify() -> None:
+            try:
+                state.verify()
+            except SessionFileError as error:
+                refused(error)
+                raise
+
+        parked.fill = fill
+        parked.verify = verify
         parked.last_used = self._clock()
         self._touch(entry, parked.last_used)
         return parked
@@ -246,7 +332,8 @@ class SessionStore:
         written (logged: too small, a failure, or it would be pruned at once, being older
         than the ``keep`` newest). A file holding the same ids is only marked used.
         ``supersede`` (engines that can rewind): a file that extends this conversation also
-        covers it, and files holding a proper prefix of it are deleted once it is written."""
+        covers it, and files holding a proper prefix of it are deleted once it is written
+        (those this server may delete)."""
         ids = entry.held_ids
         if not self.eligible(len(ids)):
             return None
@@ -255,14 +342,13 @@ class SessionStore:
             self._touch(covering, max(entry.last_used, covering.last_used))
             return covering
         started = time.perf_counter()
-        name = f"rl-{secrets.token_hex(8)}.rlsession"
         last_used = entry.last_used or self._clock()
         try:
+            name = f"rl-{self.owners.id}-{secrets.token_hex(8)}.rlsession"
             meta, tensors = entry_to_file(entry, self.expected)
             meta["last_used"] = last_used
             estimate = 8 * len(ids) + sum(StateSnapshot(0, {k: v}).nbytes for k, v in tensors.items())
-            files = [FileStats(e.key, e.nbytes, e.last_used) for e in self._entries.values()
-                     if not (supersede and e.key in prefixes)]
+            files = [f for f in self._file_stats() if not (supersede and f.key in prefixes)]
             if name in plan_prune(files + [FileStats(name, estimate, last_used)], self.keep,
                                   self.max_bytes, protected):
                 log.info("evicted %d tok reason=session-bounds (not saved: older or larger than "
@@ -281,7 +367,7 @@ class SessionStore:
                           size, entry.created, last_used)
         if supersede:
             for key in prefixes:
-                if key not in protected:
+                if key not in protected and self.owners.may_delete(key):
                     self._delete(key, "superseded")
         self._add(saved)
         self.prune(protected | {name})
@@ -308,12 +394,35 @@ class SessionStore:
         except OSError:
             pass
 
+    def _file_stats(self) -> list[FileStats]:
+        """Every file the bounds count: indexed ones this server may delete, then rejected ones
+        (keys ``rejected/<name>``). Files of other running servers count against theirs."""
+        mine = self._entries.keys() - self._undeletable()
+        files = [FileStats(e.key, e.nbytes, e.last_used) for e in self._entries.values()
+                 if e.key in mine]
+        return files + [FileStats(f"{REJECTED}/{f.key}", f.nbytes, f.last_used, True)
+                        for f in self._rejected.values()]
+
+    def _undeletable(self) -> frozenset:
+        """Indexed files of other servers still running (they are counted, never deleted)."""
+        return frozenset(key for key in self._entries if not self.owners.may_delete(key))
+
     def prune(self, protected: frozenset = frozenset()) -> list[str]:
-        """Delete our least recently used files beyond ``keep`` / ``max_bytes``; returns them."""
-        files = [FileStats(e.key, e.nbytes, e.last_used) for e in self._entries.values()]
-        victims = plan_prune(files, self.keep, self.max_bytes, protected)
+        """Delete rejected files, then our least recently used files, beyond ``keep`` /
+        ``max_bytes``; returns their keys."""
+        victims = plan_prune(self._file_stats(), self.keep, self.max_bytes, protected)
         for key in victims:
-            self._delete(key, "prune")
+            if key.startswith(f"{REJECTED}/"):
+                name = key[len(REJECTED) + 1:]
+                stats = self._rejected.pop(name)
+                try:
+                    (self.directory / REJECTED / name).unlink()
+                except OSError as error:
+                    log.warning("could not delete %s/%s: %s", REJECTED, name, error)
+                    continue
+                log.info("deleted rejected file %s (%d bytes) reason=prune", name, stats.nbytes)
+            else:
+                self._delete(key, "prune")
         return victims
 
     def _delete(self, key: str, reason: str) -> None:
@@ -323,6 +432,6 @@ class SessionStore:
         try:
             entry.path.unlink()
         except OSError as error:
-            log.warning("could not delete %s: %s", entry.path, error)
+            log.warning("could not delete %s: %s", entry.path.name, error)
             return
         log.info("evicted %d tok from disk reason=%s file=%s", len(entry.held_ids), reason, key)

@@ -7,23 +7,36 @@ the torch engine).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 
-@dataclass(frozen=True)
 class RenderedPrompt:
     """A chat prompt rendered by the chat template and tokenized.
 
     token_ids: the prompt's token ids (list[int]).
     message_ends: token positions (counts of tokens) at which each message's rendering ends,
-        ascending, each <= len(token_ids); used as checkpoint positions for hybrid models.
+        ascending, each <= len(token_ids); used as checkpoint positions for hybrid models. May be
+        given as a zero-argument callable: it is then computed on first access (so a prompt
+        refused for its length never pays for it), once, in the thread that reads it.
     text: the rendered text (for logs and debugging).
     """
 
-    token_ids: list[int]
-    message_ends: list[int]
-    text: str
+    __slots__ = ("token_ids", "text", "_ends")
+
+    def __init__(self, token_ids: list[int], message_ends: list[int] | Callable[[], list[int]],
+                 text: str) -> None:
+        self.token_ids = token_ids
+        self.text = text
+        self._ends = message_ends
+
+    @property
+    def message_ends(self) -> list[int]:
+        if callable(self._ends):
+            self._ends = list(self._ends())
+        return self._ends
+
+    def __repr__(self) -> str:
+        return f"RenderedPrompt({len(self.token_ids)} tokens, {self.text[:40]!r}...)"
 
 
 class IncrementalDecoder(Protocol):
@@ -38,8 +51,35 @@ class IncrementalDecoder(Protocol):
     def flush(self) -> str: ...
 
 
+class PromptTooLong(ValueError):
+    """A rendered prompt shown by a lower bound, before tokenizing it, to have more tokens than
+    the tokenizer's ``prompt_limit``. at_least: that bound; limit: the limit."""
+
+    def __init__(self, at_least: int, limit: int) -> None:
+        super().__init__(f"the prompt has at least {at_least} tokens, more than the context of "
+                         f"{limit} tokens")
+        self.at_least, self.limit = at_least, limit
+
+
+def min_prompt_tokens(texts: Iterable[object], max_token_chars: int | None) -> int:
+    """A lower bound on the tokens a prompt containing ``texts`` takes, without rendering or
+    tokenizing: the characters of its string texts (other items count 0) over the most
+    characters one token covers. 0 when ``max_token_chars`` is unknown (None or 0)."""
+    if not max_token_chars:
+        return 0
+    chars = sum(len(text) for text in texts if isinstance(text, str))
+    return -(-chars // max_token_chars)
+
+
 class Tokenizer(Protocol):
-    """Tokenizer + chat template of the served model."""
+    """Tokenizer + chat template of the served model.
+
+    max_token_chars (optional attribute): the most characters of text one token covers, for
+    :func:`min_prompt_tokens`; absent or None when unknown.
+    prompt_limit (optional attribute): when set (the server sets the context size),
+    ``render_chat`` may raise :class:`PromptTooLong` for a rendering that provably exceeds it,
+    before the work of tokenizing it.
+    """
 
     vocab_size: int
     eos_token_ids: frozenset[int]
@@ -52,10 +92,11 @@ class Tokenizer(Protocol):
         """Text of ``token_ids`` with special tokens skipped."""
         ...
 
-    def render_chat(self, messages: list[dict]) -> RenderedPrompt:
+    def render_chat(self, messages: list[dict], **template_kwargs) -> RenderedPrompt:
         """Render ``messages`` (dicts with ``role`` and string ``content``) with the chat
         template, adding the assistant generation prompt; tokenize without adding specials
-        twice."""
+        twice. Linear in the conversation's size (message_ends come from a few renders, never
+        one per prefix); safe to call from several threads at once."""
         ...
 
     def incremental_decoder(self) -> IncrementalDecoder: ...

@@ -6,8 +6,9 @@ Rules (issue "FIFO request queue, overload, disconnects and shutdown"):
 - a waiting job whose client has gone (``cancelled`` set) is skipped: the engine never runs it;
 - a running job whose client has gone stops at the next token (the generator checks
   ``cancelled``);
-- :meth:`EngineWorker.shutdown` stops the running job through its output path and fails the
-  waiting ones with :class:`ShuttingDown`.
+- :meth:`EngineWorker.shutdown` fails the waiting jobs with :class:`ShuttingDown`, answers the
+  running one's client at once (:data:`CUT_OFF`) and cancels it: the engine stops at its next
+  prefill chunk or token, and what it holds stays consistent (saved at exit).
 
 Results travel through ``Job.deliver``, a callback called on the worker thread (the HTTP layer
 hands them over to its event loop).
@@ -31,13 +32,19 @@ class QueueFull(Exception):
 
 
 class ShuttingDown(Exception):
-    """The server is stopping; the job was not (or no longer) run."""
+    """The server is stopping; the job was not (or no longer) run. The message, when given,
+    is the one the client gets (default: ``server is shutting down``)."""
+
+
+#: what the client of a generation stopped by a shutdown is told
+CUT_OFF = "server is shutting down; the answer was cut off"
 
 
 @dataclass
 class Event:
-    """What a job produces, in order: ``started`` once, ``text`` deltas, then ``done`` (value: a
-    GenerationResult) or ``error`` (value: the exception)."""
+    """What a job produces, in order: ``started`` once, ``output`` events (value: an
+    :class:`redlite.core.chat.OutputEvent`), then ``done`` (value: a GenerationResult) or
+    ``error`` (value: the exception)."""
 
     kind: str
     value: Any = None
@@ -53,6 +60,15 @@ class Job:
 
     def cancel(self) -> None:
         self.request.cancelled.set()
+
+
+def _send(job: Job, event: Event) -> None:
+    """Deliver ``event``; a receiver that has gone (the HTTP side stopped, its event loop is
+    closed) is not an error of the engine: the job runs on (or stops) all the same."""
+    try:
+        job.deliver(event)
+    except Exception as error:
+        log.debug("%s: event %s not delivered: %s", job.request.request_id, event.kind, error)
 
 
 class EngineWorker:
@@ -95,7 +111,7 @@ class EngineWorker:
     def _skip(self, job: Job) -> None:
         self.skipped += 1
         log.info("%s skipped: client closed the connection while waiting", job.request.request_id)
-        job.deliver(Event("error", ShuttingDown() if self._closing else ConnectionAbortedError()))
+        _send(job, Event("error", ShuttingDown() if self._closing else ConnectionAbortedError()))
         job.finished.set()
 
     def _loop(self) -> None:
@@ -120,28 +136,42 @@ class EngineWorker:
 
     def _run(self, job: Job) -> None:
         self.executed += 1
-        job.deliver(Event("started"))
+        _send(job, Event("started"))
         try:
             for item in self.generator.run(job.request):
                 if isinstance(item, GenerationResult):
-                    job.deliver(Event("done", item))
+                    _send(job, Event("done", item))
                 else:
-                    job.deliver(Event("text", item))
+                    _send(job, Event("output", item))
         except Exception as error:  # the request fails; the server keeps serving
             log.exception("%s failed", job.request.request_id)
-            job.deliver(Event("error", error))
+            _send(job, Event("error", error))
 
     def shutdown(self, wait_s: float = 4.0) -> None:
-        """Refuse new jobs, fail waiting ones with ShuttingDown, stop the running one through its
-        output path, and wait up to ``wait_s`` seconds for the worker thread to finish."""
+        """Refuse new jobs, fail waiting ones with ShuttingDown, stop the running one (its
+        client is answered at once with :data:`CUT_OFF`; the engine stops at its next prefill
+        chunk or token), and wait up to ``wait_s`` seconds for the worker thread to finish.
+        Safe to call several times and from a signal handler."""
         with self._lock:
+            first = not self._closing
             self._closing = True
             waiting, self._waiting = list(self._waiting), collections.deque()
             running = self._running
             self._lock.notify_all()
         for job in waiting:
-            job.deliver(Event("error", ShuttingDown()))
+            _send(job, Event("error", ShuttingDown()))
             job.finished.set()
-        if running is not None:
+        if running is not None and first:
             running.cancel()
-        self._thread.join(wait_s)
+            _send(running, Event("error", ShuttingDown(CUT_OFF)))
+        self.join(wait_s)
+
+    def join(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` seconds for the worker thread to end; True when it has."""
+        self._thread.join(max(0.0, wait_s))
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the worker thread still runs (the engine may be inside an operation)."""
+        return self._thread.is_alive()

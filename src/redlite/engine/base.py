@@ -151,6 +151,14 @@ class Engine(ABC):
     def restore(self, snapshot: StateSnapshot) -> None:
         """Replace the held state by ``snapshot``; ``n_past`` becomes ``snapshot.n_past``."""
 
+    def restore_targets(self, n_past: int) -> dict[str, Any] | None:
+        """Writable views of the engine's own state memory that :meth:`restore` of an
+        ``n_past``-token snapshot would fill (name -> tensor), so a saved state can be read
+        straight into place; None when the engine offers none. Taking them drops the held
+        state (``n_past`` becomes 0); follow with :meth:`restore` of a snapshot holding these
+        very tensors (no copy then), or :meth:`reset`."""
+        return None
+
     @abstractmethod
     def state_nbytes(self) -> int:
         """Bytes the held state occupies for its ``n_past`` tokens (not the preallocation)."""

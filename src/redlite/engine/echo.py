@@ -2,14 +2,16 @@
 
 Tokens are UTF-8 bytes (see :mod:`redlite.core.byte_tokenizer`). The engine "generates" by
 echoing a chosen byte string: at the end of a prefill it takes as *source* the content of the
-last user message in the held sequence (the bytes between the last ``<|user|>`` and the next
-``<|end|>``), or the whole held byte sequence when there is no ``<|user|>`` token; the k-th
+last user or tool message in the held sequence (the bytes between the last ``<|user|>`` or
+``<|tool|>`` and the next ``<|end|>``), or the whole held byte sequence when there is no ``<|user|>`` token; the k-th
 generated token is the k-th source byte, then ``<|end|>``. So the output is a function of the
 held token ids alone: a warm (reused) and a cold state give the same answer, as with a model.
 
 The held state is simulated as a list of token ids. ``can_rewind`` is configurable; without
 rewind the engine offers checkpoints (a copy of its small "recurrent" state and the logits),
-like a hybrid model. ``delay_ms`` slows each decoded token; a source containing the bytes
+like a hybrid model. ``delay_ms`` slows each decoded token, ``prefill_delay_ms`` each
+prefilled one (a slow prefill, to test interrupting it), ``snapshot_delay_ms`` each state
+copy (slow parking and saving, to test signals then); a source containing the bytes
 ``FAIL!`` makes the first decode raise (to test failure handling).
 """
 
@@ -22,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from redlite.core.byte_tokenizer import END, USER, VOCAB_SIZE
+from redlite.core.byte_tokenizer import END, TOOL, USER, VOCAB_SIZE
 from redlite.engine.base import (Checkpoint, Engine, EngineError, Sampler, SamplingParams,
                                  StateSnapshot)
 
@@ -45,12 +47,15 @@ class EchoEngine(Engine):
     """See module docstring. max_context: tokens the simulated state can hold."""
 
     def __init__(self, can_rewind: bool = True, max_context: int = 1 << 20,
-                 delay_ms: float = 0.0, model_id: str = "echo") -> None:
+                 delay_ms: float = 0.0, model_id: str = "echo", prefill_delay_ms: float = 0.0,
+                 snapshot_delay_ms: float = 0.0) -> None:
         self.model_id = model_id
         self.can_rewind = can_rewind
         self.max_context = max_context
         self.vocab_size = VOCAB_SIZE
         self.delay_ms = delay_ms
+        self.prefill_delay_ms = prefill_delay_ms
+        self.snapshot_delay_ms = snapshot_delay_ms
         self._held: list[int] = []
         self._source = b""
         self._generated = 0
@@ -83,6 +88,8 @@ class EchoEngine(Engine):
             raise EngineError("prefill needs at least one token")
         if self.n_past + len(token_ids) > self.max_context:
             raise EngineError(f"context overflow: {self.n_past} + {len(token_ids)} > {self.max_context}")
+        if self.prefill_delay_ms:
+            time.sleep(self.prefill_delay_ms * len(token_ids) / 1000.0)
         self._held.extend(int(t) for t in token_ids)
         self.prefill_calls += 1
         self.prefilled_tokens += len(token_ids)
@@ -92,9 +99,8 @@ class EchoEngine(Engine):
 
     @staticmethod
     def _compute_source(held: list[int]) -> bytes:
-        try:
-            start = len(held) - 1 - held[::-1].index(USER)
-        except ValueError:
+        start = next((i for i in range(len(held) - 1, -1, -1) if held[i] in (USER, TOOL)), None)
+        if start is None:
             return bytes(t for t in held if t < 256)
         content = []
         for token in held[start + 1:]:
@@ -128,6 +134,8 @@ class EchoEngine(Engine):
         return _EchoSampler()
 
     def snapshot(self) -> StateSnapshot:
+        if self.snapshot_delay_ms:
+            time.sleep(self.snapshot_delay_ms / 1000.0)
         return StateSnapshot(
             n_past=self.n_past,
             tensors={"held": np.asarray(self._held, dtype=np.int64)},

@@ -3,8 +3,6 @@ preallocated state (see :mod:`redlite.engine.base` for the contract)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -13,6 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from redlite.engine.base import Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot
+from redlite.engine.fingerprint import weights_fingerprint
 from redlite.engine.sampling import TorchSampler
 from redlite.layers.linear import exact_products
 
@@ -182,6 +181,15 @@ class TorchEngine(Engine):
             self.reset()
             raise
 
+    def restore_targets(self, n_past: int) -> dict[str, torch.Tensor] | None:
+        """See :meth:`Engine.restore_targets`: CPU engines whose state has ``load_targets``
+        (views of the KV cache); None on other devices (reading goes through host memory
+        there anyway) and for ``n_past`` beyond ``max_context``."""
+        if self.device.type != "cpu" or not hasattr(self.state, "load_targets") \
+                or not 0 <= n_past <= self.max_context:
+            return None
+        return self.state.load_targets(int(n_past))
+
     # --- checkpoints: states with recurrent parts (``can_truncate`` False) --------------------
     # Such a state provides ``export_recurrent(device) -> dict[str, Tensor]`` (the recurrent
     # part at ``n_past``) and ``import_recurrent(tensors, position)`` (roll back to
@@ -242,21 +250,11 @@ class TorchEngine(Engine):
         return int(self.state.nbytes())
 
     def fingerprint(self) -> str:
-        """sha256 (hex, 32 chars) of the config, dtype and a sample of every weight (name,
-        shape, dtype and 256 elements spread evenly over the tensor). Sampling instead of
-        summing keeps it cheap (milliseconds, not seconds, for a large model); models that
-        differ only in weights still differ in any such sample."""
+        """A digest of the config, dtype and every byte of every weight
+        (:func:`redlite.engine.fingerprint.weights_fingerprint`), computed once."""
         if self._fingerprint is None:
-            h = hashlib.sha256()
-            h.update(json.dumps(self.model.config, sort_keys=True, default=str).encode())
-            h.update(str(self.dtype).encode())
-            with torch.inference_mode():
-                for name, tensor in self.model.state_dict().items():
-                    flat = tensor.detach().reshape(-1)
-                    step = max(1, flat.numel() // 256)
-                    sample = flat[::step][:256].float().cpu().numpy().tobytes()
-                    h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:".encode() + sample)
-            self._fingerprint = h.hexdigest()[:32]
+            self._fingerprint = weights_fingerprint(self.model.config, self.dtype,
+                                                    self.model.state_dict().items())
         return self._fingerprint
 
 

@@ -44,4 +44,8 @@ class KVCache:
             raise EngineError(f"KV cache shape {tuple(tensor.shape)} != expected {tuple(expected)}")
         if n_tokens > self.max_tokens:
             raise EngineError(f"{n_tokens} tokens exceed the cache size {self.max_tokens}")
-        self.data[:, :, :, :n_tokens].copy_(tensor)
+        part = self.data[:, :, :, :n_tokens]
+        if tensor.data_ptr() == part.data_ptr() and tensor.stride() == part.stride() \
+                and tensor.dtype == part.dtype and tensor.device == part.device:
+            return  # filled in place (LlamaState.load_targets)
+        part.copy_(tensor)

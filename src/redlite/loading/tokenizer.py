@@ -8,14 +8,17 @@ chat rendering goes through transformers' ``apply_chat_template`` (the model's J
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from redlite.core.tokenizer import RenderedPrompt
+import numpy as np
+
+from redlite.core.tokenizer import PromptTooLong, RenderedPrompt
+from redlite.loading.message_bounds import message_boundaries
+from redlite.loading.segment_encoder import SegmentEncoder
 
 logger = logging.getLogger("redlite.loading")
 
@@ -97,6 +100,9 @@ class HFTokenizer:
     vocab_size: ids the tokenizer knows (base vocabulary + added tokens; the model's
         embedding may have more rows).
     eos_token_ids: every id that ends a turn (see :func:`load_tokenizer`).
+    max_token_chars: the most text characters one token covers (see
+        :func:`redlite.core.tokenizer.min_prompt_tokens`), or None when unknown.
+    prompt_limit: None, or the most tokens a chat prompt may have (see :meth:`render_chat`).
     bos_token_id: the tokenizer's BOS id, or None.
     add_bos: whether :meth:`encode` puts ``bos_token_id`` first: ``add_bos_token`` of
         ``tokenizer_config.json`` (a converted GGUF copies ``tokenizer.ggml.add_bos_token``
@@ -137,6 +143,19 @@ class HFTokenizer:
             without = backend.encode("a", add_special_tokens=False).ids
             add_bos = with_specials[:1] == [self.bos_token_id] and without[:1] != [self.bos_token_id]
         self.add_bos: bool = bool(add_bos) and self.bos_token_id is not None
+        self.max_token_chars: int | None = _max_token_chars(backend)
+        # tokenizes through encode_batch (no GIL held, unlike encode) in cached pieces
+        self._segments = SegmentEncoder(backend)
+        self.prompt_limit: int | None = None
+
+    @property
+    def chat_template_source(self) -> str | None:
+        """The chat template's Jinja source (all named templates joined), for format
+        detection; None when the tokenizer has none."""
+        template = getattr(self._tok, "chat_template", None)
+        if isinstance(template, dict):
+            return "\n".join(str(t) for t in template.values())
+        return template if isinstance(template, str) else None
 
     @property
     def transformers_tokenizer(self) -> Any:
@@ -146,7 +165,7 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of a raw completion prompt; ``bos_token_id`` first only when
         :attr:`add_bos` (and the text does not already start with it). No EOS is added."""
-        ids = self._backend.encode(text, add_special_tokens=False).ids
+        ids, _ = self._segments.encode(text)
         if self.add_bos and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id, *ids]
         return ids
@@ -159,42 +178,43 @@ class HFTokenizer:
         """Render ``messages`` with the chat template (``add_generation_prompt=True``) and
         tokenize the text without adding special tokens (the template writes them).
 
-        ``message_ends[i]`` is the token count covering the rendering of ``messages[:i+1]``
-        (rendered without generation prompt): found by mapping that rendering's length, when
-        it is a prefix of the full text, to a token boundary through the tokenizer's char
-        offsets. A boundary that is not a prefix, falls inside a token, or does not advance
-        is left out, so ``message_ends`` may be shorter than ``messages``.
-        template_kwargs: passed to the template (e.g. ``enable_thinking=False``).
+        ``message_ends`` are token counts at which the rendering of ``messages[:i+1]`` ends
+        (:func:`redlite.loading.message_bounds.message_boundaries`: a few renders, not one
+        per prefix), mapped to token boundaries through the tokenizer's char offsets. A
+        boundary that falls inside a token or does not advance is left out, so
+        ``message_ends`` may be shorter than ``messages``; they are computed when first read.
+        Linear in the conversation's size.
+        template_kwargs: passed to the template (e.g. ``enable_thinking=False``, ``tools=``).
 
         Raises:
+            PromptTooLong: :attr:`prompt_limit` is set and the rendered text provably has more
+                tokens (special tokens counted, the rest bounded by :attr:`max_token_chars`).
             ValueError: the tokenizer has no chat template (from transformers).
             jinja2 errors raised by the template itself (e.g. ``raise_exception`` calls).
         """
         text = self._render(messages, add_generation_prompt=True, **template_kwargs)
-        encoding = self._backend.encode(text, add_special_tokens=False)
-        ids = list(encoding.ids)
-        starts = [start for start, _ in encoding.offsets]
-        max_end: list[int] = []
-        running = 0
-        for _, end in encoding.offsets:
-            running = max(running, end)
-            max_end.append(running)
+        if self.prompt_limit is not None:
+            at_least = self._segments.min_tokens(text, self.max_token_chars)
+            if at_least > self.prompt_limit:
+                raise PromptTooLong(at_least, self.prompt_limit)
+        ids, offsets = self._segments.encode(text)
 
-        message_ends: list[int] = []
-        for i in range(len(messages)):
-            try:
-                prefix = self._render(messages[: i + 1], add_generation_prompt=False, **template_kwargs)
-            except Exception:  # a template may refuse a partial conversation
-                continue
-            if not text.startswith(prefix):
-                continue
-            chars = len(prefix)
-            count = bisect.bisect_left(starts, chars)  # tokens starting before the boundary
-            if count and max_end[count - 1] > chars:  # a token straddles the boundary
-                continue
-            if message_ends and count <= message_ends[-1]:
-                continue
-            message_ends.append(count)
+        def render(msgs: list, add_generation_prompt: bool) -> str:
+            return self._render(msgs, add_generation_prompt=add_generation_prompt, **template_kwargs)
+
+        def message_ends() -> list[int]:
+            starts = offsets[:, 0]
+            reach = np.maximum.accumulate(offsets[:, 1]) if len(offsets) else offsets[:, 1]
+            ends: list[int] = []
+            for chars in message_boundaries(render, messages, text):
+                count = int(np.searchsorted(starts, chars, "left"))  # tokens starting before it
+                if count and reach[count - 1] > chars:  # a token straddles the boundary
+                    continue
+                if ends and count <= ends[-1]:
+                    continue
+                ends.append(count)
+            return ends
+
         return RenderedPrompt(token_ids=ids, message_ends=message_ends, text=text)
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, **template_kwargs: Any) -> str:
@@ -209,6 +229,16 @@ class HFTokenizer:
         """A fresh :class:`StreamingDecoder`; ``context_ids`` (e.g. the prompt) only give
         the decoder left context and are not emitted."""
         return StreamingDecoder(self._backend, context_ids)
+
+
+def _max_token_chars(backend: Any) -> int | None:
+    """The most characters of input text one token can cover: the longest vocabulary string
+    (a byte-level token's string has one character per byte, and a text character is at least
+    one byte). None when a normalizer may shorten the text before tokenizing (no bound)."""
+    if backend.normalizer is not None:
+        return None
+    vocab = backend.get_vocab(with_added_tokens=True)
+    return max((len(token) for token in vocab), default=0) or None
 
 
 def load_tokenizer(model_dir: str | os.PathLike[str]) -> HFTokenizer:

@@ -105,6 +105,12 @@ class LlamaState(ModelState):
             raise EngineError(f"cannot export {n} of {self.n_past} tokens")
         return {"kv": self.cache.export(n)}
 
+    def load_targets(self, n_past: int) -> dict[str, torch.Tensor]:
+        """``{"kv": view}``: where :meth:`load` of ``n_past`` tokens puts the cache (filling it
+        in place, then ``load`` with that view, copies nothing). Drops the held tokens."""
+        self.n_past = 0
+        return {"kv": self.cache.data[:, :, :, :int(n_past)]}
+
     def load(self, tensors: Mapping[str, torch.Tensor], n_past: int) -> None:
         if set(tensors) != {"kv"}:
             raise EngineError(f"unexpected state tensors {sorted(tensors)}")

@@ -8,27 +8,35 @@ a generation runs.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import threading
 import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.stop import normalize_stop
-from redlite.core.tokenizer import Tokenizer
+from redlite.core.tokenizer import Tokenizer, min_prompt_tokens
 from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams
-from redlite.server.errors import APIError, as_api_error, error_body, error_response
+from redlite.server.access import AccessMiddleware, context_of, note_event
+from redlite.server.chat_service import ChatService
+from redlite.server.errors import APIError, as_api_error, error_body, surface_of
 from redlite.server.limits import BodyLimitMiddleware
-from redlite.server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from redlite.server.openai_chat import chat_request_of, stream_chunks
+from redlite.server.openai_chat import completion_body as chat_completion_body
+from redlite.server.anthropic import mount_anthropic_routes
+from redlite.server.responses import mount_responses_routes
+from redlite.server.openapi import install_openapi
+from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, SamplingFields,
+                                    unsupported_field)
+from redlite.server.security import SecurityMiddleware, SecurityOptions, require_json
 from redlite.server.slots import mount_slot_routes
 from redlite.server.sse import completion_body, stream_events
 
@@ -47,42 +55,98 @@ class ServerState:
     body_timeout_s: float = 30.0
     retry_after_s: int = 1
     slots: Any = None  # redlite.server.slots.SlotService; None: the slot API answers 501
+    security: SecurityOptions = field(default_factory=SecurityOptions)
+    chat_options: Any = None  # redlite.server.chat_service.ChatOptions (--tool-parser ...)
+    chat: Any = None  # the ChatService every chat adapter calls (made by create_app when None)
+    ping_interval_s: float = 5.0  # Anthropic streams: a ping after this long without output
 
 
 def _param_of(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body",)]
-    # pydantic names union members (e.g. 'str', 'list[TextPart]') in loc: drop them
-    parts = [p for p in parts if not (p[:1].islower() and ("[" in p or p in ("str", "int")))]
+    """The dotted request field of a pydantic error location (``messages.0.content.1``,
+    ``stop.0``): union member tags that pydantic puts in ``loc`` (``str``, ``list[int]``,
+    ``constrained-str``, model class names) are dropped; field names are snake_case
+    identifiers or list indices."""
+    parts = [str(p) for p in loc if p != "body"]
+    parts = [p for p in parts if not ("[" in p or "-" in p or p[:1].isupper()
+                                      or p in _TYPE_TAGS)]
     return ".".join(parts) or None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
+
+
+def _first_error(error: ValidationError) -> dict:
+    """The error to report: an unsupported content part first, else the deepest location
+    (the union member that got furthest, e.g. the token-id list for ``"prompt": [true]``)."""
+    errors = error.errors()
+    for item in errors:
+        if item["type"] == "unsupported_content":
+            return item
+    return max(errors, key=lambda item: len(item.get("loc", ())))
 
 
 def create_app(state: ServerState) -> FastAPI:
     """The FastAPI application: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
-    ``/health`` (and the slot API when enabled), with OpenAI-shaped errors for every failure."""
+    ``/v1/models/{id}``, ``/health`` (and the slot API when enabled), with errors in the
+    surface's shape for every failure (:mod:`redlite.server.errors`).
+
+    Middlewares, outermost first: request id + access log + JSON 500
+    (:mod:`redlite.server.access`), CORS (only with ``security.cors_origins``), Host / API key
+    (:mod:`redlite.server.security`), body size and deadline (:mod:`redlite.server.limits`).
+    Routes that take a body check its JSON content type after routing (415)."""
     app = FastAPI(title="redlite", docs_url=None, redoc_url=None)
     app.state.server = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=state.max_body_bytes,
                        timeout_s=state.body_timeout_s)
-    tokenizer_lock = threading.Lock()
+    app.add_middleware(SecurityMiddleware, options=state.security)
+    if state.security.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=state.security.cors_origins,
+                           allow_methods=["GET", "HEAD", "POST"],
+                           allow_headers=["authorization", "content-type", "x-api-key"],
+                           expose_headers=["x-request-id", "retry-after"])
+    app.add_middleware(AccessMiddleware)
+    if state.chat is None:  # no tokenizer lock: rendering and tokenizing are thread-safe
+        state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
+                                 state.chat_options)
+
+    def respond(request: Request, error: APIError) -> JSONResponse:
+        return error.response(surface_of(request.url.path), context_of(request.scope).request_id)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "not found" if exc.status_code == 404 else str(exc.detail)
-        return error_response(exc.status_code, message)
+        return respond(request, APIError(exc.status_code, message, None, None,
+                                         dict(exc.headers or {})))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = _param_of(tuple(first.get("loc", ()))[1:])
+        return respond(request, APIError(400, f"{param}: {first.get('msg')}", param))
 
     @app.exception_handler(APIError)
-    async def _api(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+    async def _api(request: Request, exc: APIError) -> JSONResponse:
+        return respond(request, exc)
 
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "queue_depth": state.worker.queue_depth, "busy": state.worker.busy}
 
+    app.add_api_route("/health", health, methods=["HEAD"], operation_id="health_head")
+
+    def model_object(model_id: str) -> dict:
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "redlite",
+                "max_model_len": state.max_context}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [
-            {"id": state.model_id, "object": "model", "created": 0, "owned_by": "redlite",
-             "max_model_len": state.max_context}]}
+        return {"object": "list", "data": [model_object(state.model_id)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        # every model name is served by the one model (chat accepts any ``model``): answer
+        # with the served model's object, as responses name the served model
+        return model_object(state.model_id)
 
     def sampling_of(body: SamplingFields) -> SamplingParams:
         return SamplingParams(
@@ -106,22 +170,19 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _parse(request, ChatCompletionRequest)
-        stop = stops_of(body)
-        messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()}
-                    for m in body.messages]
-
-        def render():
-            with tokenizer_lock:
-                return state.tokenizer.render_chat(messages)
+        chat_request = chat_request_of(body, sampling_of(body), stops_of(body),
+                                       f"chatcmpl-{context_of(request.scope).hex}")
+        stream = await state.chat.start(chat_request, request)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(stream_chunks(stream, state.model_id, include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
         try:
-            rendered = await asyncio.to_thread(render)
-        except Exception as error:  # a template that rejects the conversation
-            raise APIError(400, f"cannot render the conversation: {error}", "messages") from None
-        check_length(rendered.token_ids, "messages")
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        generation = GenerationRequest(rendered.token_ids, max_tokens, sampling_of(body), stop,
-                                       rendered.message_ends, f"chatcmpl-{uuid.uuid4().hex[:24]}")
-        return await _serve(request, body, generation, chat=True)
+            result = await stream.collect(request)
+        finally:
+            stream.cancel()
+        return chat_completion_body(stream, state.model_id, result)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -133,24 +194,31 @@ def create_app(state: ServerState) -> FastAPI:
                 raise APIError(400, "only one prompt per request is supported", "prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            def encode():
-                with tokenizer_lock:
-                    return state.tokenizer.encode(prompt)
-            ids = await asyncio.to_thread(encode)
+            at_least = min_prompt_tokens([prompt], getattr(state.tokenizer, "max_token_chars", None))
+            if at_least > state.max_context:
+                raise APIError(400, f"the prompt has at least {at_least} tokens, more than the "
+                               f"context of {state.max_context} tokens", "prompt",
+                               "context_length_exceeded")
+            ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
         else:
             ids = list(prompt)
             if any(t < 0 or t >= state.tokenizer.vocab_size for t in ids):
                 raise APIError(400, f"token ids must be in [0, {state.tokenizer.vocab_size})", "prompt")
         check_length(ids, "prompt")
         generation = GenerationRequest(ids, body.max_tokens, sampling_of(body), stop, [],
-                                       f"cmpl-{uuid.uuid4().hex[:24]}")
+                                       f"cmpl-{context_of(request.scope).hex}")
         return await _serve(request, body, generation, chat=False)
 
     async def _serve(request: Request, body: SamplingFields, generation: GenerationRequest,
                      chat: bool) -> Any:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        job = Job(generation, lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+
+        def deliver(event: Event) -> None:
+            note_event(request.scope, event)  # token counts for the access log
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        job = Job(generation, deliver)
         try:
             state.worker.submit(job)
         except QueueFull:
@@ -173,25 +241,38 @@ def create_app(state: ServerState) -> FastAPI:
         return await _collect(request, job, events, meta)
 
     mount_slot_routes(app, state)
+    mount_anthropic_routes(app, state)
+    mount_responses_routes(app, state)
+    install_openapi(app, state)
     return app
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    """Parse the JSON body (whatever its content type, as llama.cpp does) into ``model``;
-    raise a 400 APIError naming the offending field."""
+    """Parse the JSON body into ``model`` (pydantic's JSON parser: strict types, nesting depth
+    bounded, lone surrogates refused); raise a 400 APIError naming the offending field, or the
+    first field set that the server does not implement
+    (:data:`redlite.server.schemas.UNSUPPORTED_FIELDS`)."""
+    require_json(request.headers)
+    raw = await request.body()
     try:
-        data = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
-        raise APIError(400, "request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "request body must be a JSON object")
-    try:
-        return model.model_validate(data)
+        # in a worker thread: a body of thousands of messages must not stall the event loop
+        parsed = await asyncio.to_thread(model.model_validate_json, raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        param = _param_of(tuple(first.get("loc", ())))
+        first = _first_error(error)
+        if first["type"] == "json_invalid":
+            reason = (first.get("ctx") or {}).get("error", "")
+            raise APIError(400, f"request body is not valid JSON: {reason}".rstrip(": ")) from None
+        loc = tuple(first.get("loc", ()))
+        if not loc and first["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            raise APIError(400, "request body must be a JSON object") from None
+        param = _param_of(loc)
         raise APIError(400, f"{param}: {first.get('msg')}" if param else str(first.get("msg")),
                        param) from None
+    unsupported = unsupported_field(parsed) if isinstance(parsed, SamplingFields) else None
+    if unsupported is not None:
+        name, what = unsupported
+        raise APIError(400, f"{what} is not supported by this server", name, "unsupported_field")
+    return parsed
 
 
 async def _watch_disconnect(request: Request, job: Job) -> None:
@@ -223,8 +304,8 @@ async def _collect(request: Request, job: Job, events: asyncio.Queue, meta: dict
     try:
         while True:
             event = await events.get()
-            if event.kind == "text":
-                pieces.append(event.value)
+            if event.kind == "output":
+                pieces.append(event.value.value)
             elif event.kind == "done":
                 if event.value.finish_reason == "cancelled":
                     # the client is still here, so the server is stopping: the answer is cut

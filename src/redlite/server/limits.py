@@ -1,47 +1,52 @@
-"""Request body limits: size (413) and read time-out (408), as a pure ASGI middleware.
+"""Request body limits: size (413) and a total read deadline (408), as a pure ASGI middleware.
 
 The whole body is read here, bounded by ``max_bytes`` (``--max-body-mib``) and by ``timeout_s``
-seconds between chunks, then replayed to the application. A slow client only ties up its own
-connection's task: uvicorn serves each connection asynchronously.
+seconds (``--body-timeout-s``) for the WHOLE body, counted from the end of the headers: a
+client trickling one byte a second cannot hold a connection (and its buffer) open past it. The
+body is then replayed to the application. A slow client only ties up its own connection's task:
+uvicorn serves each connection asynchronously.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 
-from redlite.server.errors import error_body
+from redlite.server.errors import send_error
 
 
 class BodyLimitMiddleware:
     """Reads each request body up front: 413 above ``max_bytes`` (by Content-Length or by the
-    bytes received), 408 when ``timeout_s`` seconds pass between chunks."""
+    bytes received), 408 when the whole body has not arrived ``timeout_s`` seconds after the
+    request started."""
 
     def __init__(self, app, max_bytes: int, timeout_s: float) -> None:
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            await self._reject(send, 413, self._too_large())
+            await self._too_large(send, scope)
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
         chunks, total = [], 0
         while True:
             try:
-                message = await asyncio.wait_for(receive(), self.timeout_s)
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
-                await self._reject(send, 408, "timed out reading the request body")
+                await send_error(send, scope, 408, "timed out reading the request body", None,
+                                 None, {"Connection": "close"})
                 return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
             total += len(chunk)
             if total > self.max_bytes:
-                await self._reject(send, 413, self._too_large())
+                await self._too_large(send, scope)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -57,14 +62,6 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    def _too_large(self) -> str:
-        return f"request body larger than {self.max_bytes} bytes"
-
-    @staticmethod
-    async def _reject(send, status: int, message: str) -> None:
-        body = json.dumps(error_body(status, message)).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+    async def _too_large(self, send, scope) -> None:
+        await send_error(send, scope, 413, f"request body larger than {self.max_bytes} bytes",
+                         None, None, {"Connection": "close"})

@@ -1,9 +1,8 @@
 """Start-up and shutdown of the server process (uvicorn).
 
-SIGINT/SIGTERM: the running generation is stopped through its output path (its stream ends
-cleanly), waiting requests get 503 ``server is shutting down``, new connections are refused,
-the conversations are saved to ``--session-dir`` (when given) and the process exits with
-status 0.
+SIGINT/SIGTERM at any phase: see :mod:`redlite.server.shutdown` (503s for the running and
+waiting requests, conversations saved to ``--session-dir``, a second signal exits at once,
+exit status 0, never an abort).
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -19,11 +19,16 @@ import uvicorn
 from redlite.core.conversations import Conversations
 from redlite.core.generation import Generator, GeneratorSettings
 from redlite.core.parking import ParkingPool
+from redlite.core.session_dir import SessionDirError, prepare_session_dir
+from redlite.core.private_files import make_private_dir
 from redlite.core.sessions import SessionStore, expected_for
 from redlite.core.worker import EngineWorker
 from redlite.server.app import ServerState, create_app
+from redlite.server.chat_service import ChatOptions
+from redlite.server.security import security_from_args
 from redlite.server.slots import SlotService
 from redlite.server.http_protocol import HeaderTimeoutProtocol
+from redlite.server.shutdown import Stopper, leave
 
 log = logging.getLogger("redlite")
 
@@ -40,15 +45,21 @@ def build_parking(args: argparse.Namespace, expected) -> Conversations:
     return Conversations(pool, sessions)
 
 
-def save_on_stop(worker: EngineWorker, parking: Conversations) -> None:
-    """Normal stop: once the running request has stopped, save the conversations to disk."""
-    if parking.sessions is None:
+def save_on_stop(worker: EngineWorker, parking: Conversations, stopper: Stopper,
+                 wait_s: float = 30.0) -> None:
+    """After serving: let the engine stop (its running job is cancelled: at most one prefill
+    chunk or token), then save the conversations to disk. A second signal skips the waiting
+    and every file not yet started. RAM-parked conversations need no engine: they are saved
+    even when the engine does not stop in time; the live one only when it is idle."""
+    worker.shutdown(wait_s=0.0)
+    idle = stopper.wait(worker.join, wait_s)
+    if parking.sessions is None or stopper.immediate.is_set():
         return
-    worker.shutdown(wait_s=30.0)
-    if worker.busy:
-        log.warning("the engine is still busy: conversations not saved")
-        return
-    saved = parking.save_all(worker.generator)
+    if not idle:
+        log.warning("the engine is still busy after %.0f s: saving the parked conversations only",
+                    wait_s)
+    saved = parking.save_all(worker.generator, live=idle, should_stop=stopper.immediate.is_set,
+                             guard=stopper.writing)
     log.info("stop: %d conversations on disk", saved)
 
 
@@ -58,7 +69,9 @@ def build_engine(args: argparse.Namespace):
         from redlite.core.byte_tokenizer import ByteTokenizer
         from redlite.engine.echo import EchoEngine
         engine = EchoEngine(can_rewind=not args.echo_no_rewind,
-                            max_context=args.ctx_size or 1 << 20, delay_ms=args.echo_delay_ms)
+                            max_context=args.ctx_size or 1 << 20, delay_ms=args.echo_delay_ms,
+                            prefill_delay_ms=args.echo_prefill_delay_ms,
+                            snapshot_delay_ms=args.echo_snapshot_delay_ms)
         return engine, ByteTokenizer()
     from redlite.engine.factory import load_engine
     return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype,
@@ -66,20 +79,22 @@ def build_engine(args: argparse.Namespace):
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, plus: stop the engine worker first on a signal; log cold start."""
+    """uvicorn's server, plus: stop signals go through the process's :class:`Stopper` (the
+    first stops the engine worker before uvicorn stops; a later one forces uvicorn out, whatever
+    the signal); log cold start."""
 
-    def __init__(self, config: uvicorn.Config, worker: EngineWorker, cold_start) -> None:
+    def __init__(self, config: uvicorn.Config, stopper: Stopper, cold_start) -> None:
         super().__init__(config)
-        self._worker, self._cold_start = worker, cold_start
+        self._stopper, self._cold_start = stopper, cold_start
 
     def handle_exit(self, sig, frame) -> None:
-        if not self.should_exit:
-            log.info("signal %s: stopping the running generation, refusing waiting requests", sig)
-            self._worker.shutdown(wait_s=0.0)
-        super().handle_exit(sig, frame)
-        # uvicorn re-raises captured signals after its shutdown (the process would then die of
-        # the signal); a requested stop is a normal exit with status 0.
-        self._captured_signals.clear()
+        self._stopper.handle(sig, frame)
+
+    def stop(self) -> None:
+        self.should_exit = True
+
+    def force(self) -> None:
+        self.should_exit = self.force_exit = True
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -103,23 +118,50 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return listener
 
 
-def serve(args: argparse.Namespace) -> int:
-    """Run the server until SIGINT/SIGTERM; returns the process exit status (0 on a normal
-    stop, 1 when the address cannot be bound)."""
+def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
+    """Run the server until SIGINT/SIGTERM; returns the process exit status (0 on a stop by a
+    signal at any phase, 1 when the address cannot be bound); see :mod:`redlite.server.shutdown`.
+    stopper: the process's signal handling, installed early by the CLI (None: installed here)."""
     from redlite.cli import process_age_s
 
+    try:
+        security = security_from_args(args)
+    except (OSError, ValueError) as error:
+        log.error("cannot read the API keys: %s", error)
+        return 1
     # Take the port before loading the model, so a busy port fails at once, not after a load.
     try:
         listener = bind_listener(args.host, args.port)
     except OSError as error:
         log.error("cannot listen on %s:%d: %s", args.host, args.port, error)
         return 1
+    try:  # a session directory that cannot be used fails now, not after the model loads
+        if args.session_dir:
+            prepare_session_dir(args.session_dir)
+    except SessionDirError as error:
+        log.error("%s", error)
+        return 1
+    if stopper is None:
+        stopper = Stopper()
+        stopper.install()
+    serving = threading.Event()
+    # a signal while loading: stop once loaded; a second one: at once
+    stopper.on_second.append(lambda: None if serving.is_set() else leave(0, True))
+    if stopper.requested.is_set():
+        return 0
+    log.info("loading engine %s", args.engine)
     started = time.perf_counter()
     engine, tokenizer = build_engine(args)
     log.info("engine %s model %s context %d tokens, loaded in %.2f s", args.engine,
              engine.model_id, engine.max_context, time.perf_counter() - started)
+    if stopper.requested.is_set():
+        return 0
     settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
-                                 checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)))
+                                 checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)),
+                                 prefill_chunk=max(1, args.prefill_chunk),
+                                 max_tokens=args.max_tokens if args.max_tokens > 0 else None)
+    if hasattr(tokenizer, "prompt_limit"):
+        tokenizer.prompt_limit = engine.max_context  # refuse provably long chats before tokenizing
     generator = Generator(engine, tokenizer, settings)
     # what saved files must match (fingerprints the weights: only when files are used)
     expected = expected_for(engine) if args.session_dir or args.slot_save_path else None
@@ -128,17 +170,24 @@ def serve(args: argparse.Namespace) -> int:
     worker = EngineWorker(generator, max_queue=args.queue)
     slots = None
     if args.slot_save_path:
-        Path(args.slot_save_path).mkdir(parents=True, exist_ok=True)
+        make_private_dir(args.slot_save_path)
         slots = SlotService(Path(args.slot_save_path), worker, expected)
     state = ServerState(worker, tokenizer, engine.model_id, engine.max_context,
                         max_body_bytes=int(args.max_body_mib * (1 << 20)),
-                        body_timeout_s=args.body_timeout_s, slots=slots)
+                        body_timeout_s=args.body_timeout_s, slots=slots, security=security,
+                        chat_options=ChatOptions(args.tool_parser, args.reasoning_parser))
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port,
-                            log_level="warning", timeout_graceful_shutdown=3,
+                            log_level="warning", timeout_graceful_shutdown=10,
                             http=HeaderTimeoutProtocol)
     config.header_timeout_s = args.header_timeout_s
-    server = _Server(config, worker, process_age_s)
-    server.run(sockets=[listener])
-    save_on_stop(worker, parking)
-    worker.shutdown(wait_s=1.0)
-    return 0
+    server = _Server(config, stopper, process_age_s)
+    stopper.on_first += [lambda: worker.shutdown(wait_s=0.0), server.stop]
+    stopper.on_second.append(server.force)
+    if not stopper.requested.is_set():
+        serving.set()
+        server.run(sockets=[listener])
+    # from here a second signal ends the process at once (after a file being written)
+    stopper.exit_now = lambda: leave(0, True)
+    stopper.on_second.append(stopper.end_now_unless_writing)
+    save_on_stop(worker, parking, stopper)
+    return leave(0, worker.alive)

@@ -4,11 +4,15 @@
 ``{"id_slot", "filename", "n_saved", "n_written", "timings": {"save_ms"}}``;
 ``action=restore`` -> ``{"id_slot", "filename", "n_restored", "n_read", "timings": {"restore_ms"}}``;
 ``action=erase`` -> ``{"id_slot", "n_erased"}`` (as llama.cpp's ``/slots/{id}`` endpoint).
+Every action takes the JSON body ``{"filename": ...}`` (erase checks the name and ignores it:
+one documented body for the route, and no cross-site form post can reach it).
 n_saved/n_restored/n_erased count tokens, n_written/n_read bytes, times are in ms.
 
 Enabled only with ``--slot-save-path DIR`` (else 501). Files are the session format
-(:mod:`redlite.core.session_file`): a file of another model is refused on restore (400).
+(:mod:`redlite.core.session_file`), created 0600 in a 0700 directory: a file of another model
+is refused on restore (400), a missing one is a 404.
 A filename must be a plain name inside that directory (:func:`validate_filename`), else 400.
+Error messages name the file only by its given name; paths and OS errors go to the log.
 The operations run on the engine worker thread between generations: each is queued as an
 :class:`~redlite.core.generation.EngineTask` like a request (503 when the queue is full).
 """
@@ -33,11 +37,12 @@ from redlite.core.session_file import (Expected, SessionFileError, read_state_fi
 from redlite.core.sessions import SESSION_NAME, entry_from_file, entry_to_file
 from redlite.core.worker import EngineWorker, Job, QueueFull, ShuttingDown
 from redlite.server.errors import APIError
+from redlite.server.security import require_json
 
 log = logging.getLogger("redlite.slots")
 
 MAX_FILENAME = 128
-_FILENAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_FILENAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # matched against the whole name
 
 
 def validate_filename(name: Any) -> str:
@@ -49,7 +54,7 @@ def validate_filename(name: Any) -> str:
         raise ValueError("filename must be a non-empty string")
     if len(name) > MAX_FILENAME:
         raise ValueError(f"filename longer than {MAX_FILENAME} characters")
-    if not _FILENAME.match(name):
+    if not _FILENAME.fullmatch(name):
         raise ValueError("filename may hold only letters, digits, '.', '_' and '-', "
                          "and must start with a letter or digit")
     if ".." in name:
@@ -98,7 +103,8 @@ class SlotService:
         try:
             written = write_state_file(path, meta, tensors)
         except OSError as error:
-            raise SlotError(500, f"could not write {path.name}: {error}") from None
+            log.error("slot save %s failed: %s", path.name, error)
+            raise SlotError(500, f"could not write {path.name}") from None
         ms = (time.perf_counter() - started) * 1000.0
         log.info("slot save %s: saved %d tok (%d bytes) in %.1f ms", path.name, len(entry.held_ids),
                  written, ms)
@@ -108,13 +114,13 @@ class SlotService:
     def restore(self, gen: Generator, path: Path) -> dict:
         started = time.perf_counter()
         if not path.is_file():
-            raise SlotError(400, f"slot file not found: {path.name}")
+            raise SlotError(404, f"slot file not found: {path.name}")
         try:
             state = read_state_file(path, self.expected)
             entry = entry_from_file(state, "slot")
         except SessionFileError as error:
             log.warning("refused file %s reason=%s (%s)", path.name, error.reason, error.detail)
-            raise SlotError(400, f"cannot restore {path.name}: {error}") from None
+            raise SlotError(400, f"cannot restore {path.name}: {error.reason}") from None
         parking = gen.parking
         if parking is not None and not gen.failed and gen.held_ids and gen.held_ids != entry.held_ids:
             parking.park_live(gen, frozenset())
@@ -157,7 +163,8 @@ class SlotService:
         if isinstance(error, ShuttingDown):
             raise APIError(503, "server is shutting down", None, "shutting_down")
         if error is not None:
-            raise APIError(500, f"slot {name} failed: {type(error).__name__}: {error}")
+            log.error("slot %s failed: %s: %s", name, type(error).__name__, error)
+            raise APIError(500, f"slot {name} failed")
         return task.result
 
 
@@ -172,19 +179,20 @@ def mount_slot_routes(app: FastAPI, state: Any) -> None:
             raise APIError(501, "the slot API is disabled: start the server with --slot-save-path DIR")
         if id_slot != "0":
             raise APIError(400, f"invalid slot id {id_slot!r}: this server has one slot, 0", "id_slot")
-        if action == "erase":
-            return await service.run(service.erase, action)
-        if action not in ("save", "restore"):
+        require_json(request.headers)  # no cross-site "simple" POST may erase or write
+        if action not in ("save", "restore", "erase"):
             raise APIError(400, "action must be save, restore or erase", "action")
         try:
             body = json.loads(await request.body() or b"{}")
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise APIError(400, "request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise APIError(400, "request body must be a JSON object")
-        try:
+        try:  # every action takes the same body (erase checks the filename, then ignores it)
             path = service.path_of(body.get("filename"))
         except SlotError as error:
             raise APIError(error.status, str(error), "filename") from None
+        if action == "erase":
+            return await service.run(service.erase, action)
         method = service.save if action == "save" else service.restore
         return await service.run(lambda gen: method(gen, path), action)

@@ -79,8 +79,8 @@ async def stream_events(events: asyncio.Queue[Event], job: Job, meta: dict,
             yield _sse(_chunk(meta, "", None, first=True))
         while True:
             event = await events.get()
-            if event.kind == "text":
-                yield _sse(_chunk(meta, event.value, None))
+            if event.kind == "output":
+                yield _sse(_chunk(meta, event.value.value, None))
             elif event.kind == "done":
                 result: GenerationResult = event.value
                 if result.finish_reason == "cancelled":

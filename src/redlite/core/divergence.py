@@ -1,0 +1,33 @@
+"""Where and why a new prompt leaves the held ids: the text of a cache-miss log line (torch-free).
+
+A token mismatch inside the tokens the server generated for the previous answer means the
+client sent that answer back in another form than it was generated (the chat template
+re-serialized the tool-call arguments, dropped the reasoning, or the text re-tokenized
+differently); a mismatch before it means an earlier message changed. The planner rewinds (or
+restores) to the first difference either way; this only explains it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+_SHOWN_TOKENS = 12
+
+
+def describe_divergence(tokenizer: Any, held: Sequence[int], prompt: Sequence[int], common: int,
+                        answer_start: int | None) -> str:
+    """One log fragment: the token position, the first differing text on each side and why.
+
+    answer_start: position in ``held`` where the previous generated answer begins (None when
+    unknown). The texts are decoded from at most 12 tokens each side and quoted with repr.
+    """
+    if common >= len(held) or common >= len(prompt):
+        return f"at token {common}: one side ends there"
+    held_text = tokenizer.decode(list(held[common:common + _SHOWN_TOKENS]))
+    prompt_text = tokenizer.decode(list(prompt[common:common + _SHOWN_TOKENS]))
+    if answer_start is not None and common >= answer_start:
+        why = (f"inside the previous answer ({common - answer_start} tokens in): the client's "
+               "copy re-renders differently from the generated tokens")
+    else:
+        why = "an earlier message differs"
+    return f"at token {common}: held {held_text!r} vs prompt {prompt_text!r} ({why})"

@@ -1,0 +1,132 @@
+"""Tokenizing long chat prompts in cached pieces, cut right before special tokens.
+
+A ``tokenizers`` pipeline first splits its input on added tokens and then normalizes,
+pre-tokenizes and tokenizes each piece between them on its own. So when no normalizer runs,
+the pre-tokenizer adds nothing at the start of a piece (no prefix space, no Metaspace) and no
+added token strips its neighbours (``lstrip``/``rstrip``/``single_word``), the tokens of a text
+are exactly the tokens of its pieces cut right before each special token, concatenated.
+:class:`SegmentEncoder` uses that to (1) tokenize the pieces of a chat prompt in one
+``encode_batch`` call (parallel, and without the GIL) and (2) keep recent pieces' tokens: an
+agent resends its whole conversation every turn, and only the new messages are then tokenized.
+For a tokenizer where cutting would not be exact, every text is tokenized whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+#: pre-tokenizers that treat each piece on its own without adding to its start
+_LOCAL_PRE_TOKENIZERS = {"Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit",
+                         "UnicodeScripts", "BertPreTokenizer"}
+
+
+def _cut_pattern(backend: Any) -> "re.Pattern[str] | None":
+    """The regex of the special tokens before which a text may be cut, or None when cutting is
+    not exact for this tokenizer (see the module docstring)."""
+    config = json.loads(backend.to_str())
+    if config.get("normalizer") is not None:
+        return None
+    pre = config.get("pre_tokenizer")
+    steps = pre.get("pretokenizers", []) if pre and pre.get("type") == "Sequence" else [pre] if pre else []
+    for step in steps:
+        kind = step.get("type")
+        if kind == "ByteLevel" and step.get("add_prefix_space"):
+            return None
+        if kind != "ByteLevel" and kind not in _LOCAL_PRE_TOKENIZERS:
+            return None
+    specials = []
+    for token in backend.get_added_tokens_decoder().values():
+        if token.lstrip or token.rstrip or token.single_word:
+            return None
+        if token.special and token.content:
+            specials.append(token.content)
+    if not specials:
+        return None
+    return re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+
+
+def _offsets_array(offsets: list) -> np.ndarray:
+    return np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+
+
+class SegmentEncoder:
+    """Token ids and char offsets of texts, through cached pieces (thread-safe).
+
+    backend: a ``tokenizers.Tokenizer``. max_chars: the most characters of pieces kept.
+    """
+
+    def __init__(self, backend: Any, max_chars: int = 16 << 20) -> None:
+        self._backend = backend
+        self._cut = _cut_pattern(backend)
+        self._max_chars = max_chars
+        self._cache: collections.OrderedDict[str, tuple[list[int], np.ndarray]] = \
+            collections.OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    @property
+    def cuts(self) -> bool:
+        """Whether texts are cut into pieces (False: each is tokenized whole)."""
+        return self._cut is not None
+
+    def min_tokens(self, text: str, max_token_chars: int | None) -> int:
+        """A lower bound on the tokens of ``text``, found without tokenizing it: each special
+        token in it is one token, and one token covers at most ``max_token_chars`` of the
+        other characters. 0 when this tokenizer is not cut into pieces (no such bound)."""
+        if self._cut is None:
+            return 0
+        specials = special_chars = 0
+        for match in self._cut.finditer(text):
+            specials += 1
+            special_chars += match.end() - match.start()
+        rest = len(text) - special_chars
+        return specials + (-(-rest // max_token_chars) if max_token_chars else 0)
+
+    def encode(self, text: str) -> tuple[list[int], np.ndarray]:
+        """``(ids, offsets)`` of ``text`` without added specials: the ids exactly as
+        ``backend.encode(text, add_special_tokens=False)`` gives them; offsets an int64 array of
+        shape [len(ids), 2], each row the (start, end) character positions in ``text``."""
+        if self._cut is None:
+            encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
+            return list(encoding.ids), _offsets_array(encoding.offsets)
+        starts = [0] + [m.start() for m in self._cut.finditer(text) if m.start() > 0]
+        pieces = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+        found: dict[str, tuple[list[int], np.ndarray]] = {}
+        with self._lock:
+            for piece in pieces:
+                hit = self._cache.get(piece)
+                if hit is not None:
+                    self._cache.move_to_end(piece)
+                    found[piece] = hit
+        missing = list({piece: None for piece in pieces if piece not in found})
+        if missing:
+            encodings = self._backend.encode_batch(missing, add_special_tokens=False)
+            with self._lock:
+                for piece, encoding in zip(missing, encodings):
+                    found[piece] = (list(encoding.ids), _offsets_array(encoding.offsets))
+                    self._remember(piece, found[piece])
+        ids: list[int] = []
+        parts, counts = [], []
+        for piece in pieces:
+            piece_ids, piece_offsets = found[piece]
+            ids.extend(piece_ids)
+            parts.append(piece_offsets)
+            counts.append(len(piece_ids))
+        offsets = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
+        offsets += np.repeat(np.asarray(starts, dtype=np.int64), counts)[:, None]
+        return ids, offsets
+
+    def _remember(self, piece: str, value: tuple) -> None:
+        if piece in self._cache or len(piece) > self._max_chars // 4:
+            return
+        self._cache[piece] = value
+        self._chars += len(piece)
+        while self._chars > self._max_chars:
+            old, _ = self._cache.popitem(last=False)
+            self._chars -= len(old)

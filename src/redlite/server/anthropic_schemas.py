@@ -1,0 +1,160 @@
+"""Request bodies of the Anthropic Messages API (``POST /v1/messages``, ``.../count_tokens``).
+
+Field meanings follow Anthropic's Messages API reference. Models are strict (no string-to-number
+coercion; integral numbers accepted as integers) and accept unknown fields (ignored, as
+Anthropic-compatible servers do: ``metadata``, ``output_config``, ``context_management``,
+``service_tier``, ``container`` ...). ``cache_control`` on any block is accepted and has no
+effect. Which blocks each role may hold is part of the types: user messages hold ``text`` and
+``tool_result`` blocks, assistant messages ``text``, ``thinking``, ``redacted_thinking`` and
+``tool_use`` blocks. ``image`` and ``document`` blocks are refused with a clear message (a
+validation error of type ``unsupported_content`` naming the block).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
+
+from redlite.core.stop import MAX_STOP_SEQUENCES
+from redlite.server.schemas import StopText, int_in
+
+_STRICT = ConfigDict(extra="allow", strict=True)
+
+
+class TextBlock(BaseModel):
+    model_config = _STRICT
+    type: Literal["text"]
+    text: StrictStr
+
+
+class MediaBlock(BaseModel):
+    """``image`` / ``document``: refused (redlite serves text-only models)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["image", "document"]
+
+    @model_validator(mode="after")
+    def _refuse(self):
+        raise PydanticCustomError("unsupported_content", f"{self.type} content is not supported: "
+                                  "redlite serves text-only models")
+
+
+class ToolResultBlock(BaseModel):
+    """A tool's answer; ``content`` a string or text blocks; ``is_error`` marks a failure."""
+
+    model_config = _STRICT
+    type: Literal["tool_result"]
+    tool_use_id: StrictStr
+    content: StrictStr | list[TextBlock | SkipJsonSchema[MediaBlock]] | None = None
+    is_error: StrictBool | None = None
+
+
+class ThinkingBlock(BaseModel):
+    model_config = _STRICT
+    type: Literal["thinking"]
+    thinking: StrictStr
+    signature: StrictStr | None = None
+
+
+class RedactedThinkingBlock(BaseModel):
+    model_config = _STRICT
+    type: Literal["redacted_thinking"]
+    data: StrictStr
+
+
+class ToolUseBlock(BaseModel):
+    model_config = _STRICT
+    type: Literal["tool_use"]
+    id: StrictStr
+    name: StrictStr
+    input: dict[str, Any]
+
+
+UserBlock = TextBlock | ToolResultBlock | SkipJsonSchema[MediaBlock]
+AssistantBlock = TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock
+
+
+class UserMessage(BaseModel):
+    model_config = _STRICT
+    role: Literal["user"]
+    content: StrictStr | list[UserBlock]
+
+
+class AssistantMessage(BaseModel):
+    model_config = _STRICT
+    role: Literal["assistant"]
+    content: StrictStr | list[AssistantBlock]
+
+
+class SystemMessage(BaseModel):
+    """A system message inside the conversation (Claude Code's mid-conversation-system beta)."""
+
+    model_config = _STRICT
+    role: Literal["system"]
+    content: StrictStr | list[TextBlock]
+
+
+MessageParam = Annotated[UserMessage | AssistantMessage | SystemMessage, Field(discriminator="role")]
+
+
+class Tool(BaseModel):
+    """A client tool (``type`` absent or ``custom``); server tools (``web_search_...``,
+    ``bash_...``, ``text_editor_...``) carry another ``type`` and are skipped."""
+
+    model_config = _STRICT
+    type: StrictStr | None = None
+    name: Annotated[StrictStr, Field(min_length=1)]
+    description: StrictStr | None = None
+    input_schema: dict[str, Any] | None = None
+
+
+class ToolChoice(BaseModel):
+    """``{"type": "auto" | "any" | "none", "disable_parallel_tool_use"?}``."""
+
+    model_config = _STRICT
+    type: Literal["auto", "any", "none"]
+    disable_parallel_tool_use: StrictBool | None = None
+
+
+class NamedToolChoice(BaseModel):
+    """``{"type": "tool", "name", "disable_parallel_tool_use"?}``: that tool must be called."""
+
+    model_config = _STRICT
+    type: Literal["tool"]
+    name: StrictStr
+    disable_parallel_tool_use: StrictBool | None = None
+
+
+class Thinking(BaseModel):
+    """``{"type": "enabled", "budget_tokens"}``, ``{"type": "adaptive"}`` or ``{"type": "disabled"}``."""
+
+    model_config = _STRICT
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int_in(ge=0) | None = None
+
+
+class CountTokensRequest(BaseModel):
+    """Body of ``POST /v1/messages/count_tokens`` (the prompt part of a Messages request)."""
+
+    model_config = _STRICT
+    model: StrictStr | None = None
+    system: StrictStr | list[TextBlock] | None = None
+    messages: list[MessageParam] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Annotated[ToolChoice | NamedToolChoice, Field(discriminator="type")] | None = None
+    thinking: Thinking | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    """Body of ``POST /v1/messages``; ``max_tokens`` is required, as in Anthropic's API."""
+
+    max_tokens: int_in(ge=1)
+    stop_sequences: Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int_in(ge=0) | None = None
+    stream: StrictBool = False
+    metadata: dict[str, Any] | None = None

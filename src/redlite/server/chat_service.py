@@ -1,0 +1,267 @@
+"""The chat service every wire adapter calls: ChatRequest -> prompt -> engine worker -> events.
+
+Adapters (chat completions, Anthropic Messages, Responses) build a
+:class:`redlite.core.chat.ChatRequest` and call :meth:`ChatService.start`, which
+
+1. renders the history through the model's chat template (tools and template kwargs passed;
+   see :mod:`redlite.core.chat_render`), appending a forced call's opening for
+   ``tool_choice: "required"`` / a named function (unless constrained decoding forces it);
+2. chooses how the output is parsed (tool format and reasoning parser: the CLI's
+   ``--tool-parser`` / ``--reasoning-parser``, else detected from the template; no tool parsing
+   without tools or with ``tool_choice: "none"``);
+3. submits a :class:`GenerationRequest` to the engine worker and waits until it starts.
+
+The returned :class:`ChatStream` is an async iterator of :class:`OutputEvent` s; after it ends,
+``stream.result`` holds the :class:`ChatResult` (parsed output + usage). Errors are
+:class:`redlite.server.errors.APIError` (OpenAI-shaped; other adapters map status/message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
+from redlite.core.chat_render import detect_formats, forced_opening, render_request, tool_schemas
+from redlite.core.generation import GenerationRequest, GenerationResult
+from redlite.core.tokenizer import PromptTooLong, min_prompt_tokens
+from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
+from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
+from redlite.server.errors import APIError, as_api_error
+from redlite.server.access import note_event
+
+log = logging.getLogger("redlite.chat")
+
+
+@dataclass
+class ChatOptions:
+    """Server-wide chat settings (from the CLI). tool_parser / reasoning_parser: a name of
+    :data:`TOOL_FORMATS` / :data:`REASONING_FORMATS`, or None to detect from the template."""
+
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
+
+
+@dataclass
+class Usage:
+    """Token counts of one answer. cached_tokens: prompt tokens reused from held state."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class ChatResult:
+    """The end of a chat generation: the parsed output (finish_reason ``stop``, ``length``,
+    ``tool_calls``), usage, and the engine's :class:`GenerationResult`."""
+
+    output: ChatOutput
+    usage: Usage
+    generation: GenerationResult
+
+
+@dataclass
+class PreparedChat:
+    """A rendered request, ready to submit (also what token counting needs)."""
+
+    generation: GenerationRequest
+    parse: ParseOptions
+    prompt_text: str
+
+
+class ChatStream:
+    """A running chat generation. Iterate for :class:`OutputEvent` s; then read ``result``.
+    ``cancel()`` stops the generation at the next token (call it when the client leaves)."""
+
+    def __init__(self, job: Job, events: asyncio.Queue, prepared: PreparedChat) -> None:
+        self._job = job
+        self._events = events
+        self.prepared = prepared
+        self.request_id = prepared.generation.request_id
+        self.prompt_tokens = len(prepared.generation.prompt_ids)
+        self.created = int(time.time())
+        self.result: ChatResult | None = None
+
+    def cancel(self) -> None:
+        self._job.cancel()
+
+    def __aiter__(self) -> AsyncIterator[OutputEvent]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[OutputEvent]:
+        while self.result is None:
+            event: Event = await self._events.get()
+            if event.kind == "output":
+                yield event.value
+            elif event.kind == "done":
+                generation: GenerationResult = event.value
+                if generation.finish_reason == "cancelled":
+                    raise APIError(503, "server is shutting down; the answer was cut off",
+                                   None, "shutting_down")
+                self.result = ChatResult(generation.output, Usage(
+                    generation.prompt_tokens, generation.completion_tokens,
+                    generation.cached_tokens), generation)
+            elif event.kind == "error":
+                raise as_api_error(event.value)
+
+    async def collect(self, http_request: Any = None) -> ChatResult:
+        """Run to the end (non-streamed answer); cancel when the HTTP client disconnects."""
+        watcher = asyncio.ensure_future(watch_disconnect(http_request, self)) if http_request else None
+        try:
+            async for _ in self:
+                pass
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        return self.result
+
+
+async def watch_disconnect(http_request: Any, stream: ChatStream | Job) -> None:
+    """Cancel ``stream`` when the client closes its connection (the body is already read)."""
+    while True:
+        message = await http_request.receive()
+        if message["type"] == "http.disconnect":
+            stream.cancel()
+            return
+
+
+def _texts(messages: list) -> Any:
+    """The text of every message's content (strings and text parts): for a lower bound on the
+    prompt's tokens."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    yield part["text"]
+
+
+def render_error(request_id: str, error: Exception) -> APIError:
+    """400 for a conversation the chat template refuses: the template's own message (jinja2's
+    ``raise_exception``) is meant for the client; anything else only goes to the log."""
+    if type(error).__module__.split(".")[0] == "jinja2":
+        return APIError(400, f"cannot render the conversation: {error}", "messages")
+    log.warning("%s cannot render the conversation: %s: %s", request_id, type(error).__name__, error)
+    return APIError(400, "cannot render the conversation", "messages")
+
+
+class ChatService:
+    """Renders, submits and relays chat requests (see module docstring)."""
+
+    def __init__(self, worker: Any, tokenizer: Any, max_context: int,
+                 options: ChatOptions | None = None) -> None:
+        self.worker = worker
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+        self.options = options or ChatOptions()
+        source = getattr(tokenizer, "chat_template_source", None)
+        tool, reasoning = detect_formats(source if isinstance(source, str) else None)
+        self.tool_format = self.options.tool_parser or tool
+        reasoning = self.options.reasoning_parser or reasoning
+        self.reasoning_format = None if reasoning in (None, "none") else reasoning
+        if self.tool_format not in TOOL_FORMATS:
+            raise ValueError(f"unknown tool parser {self.tool_format!r}; one of {TOOL_FORMATS}")
+        if reasoning is not None and reasoning not in REASONING_FORMATS:
+            raise ValueError(f"unknown reasoning parser {reasoning!r}; one of {REASONING_FORMATS}")
+        log.info("chat formats: tool calls %s, reasoning %s", self.tool_format,
+                 self.reasoning_format or "none")
+
+    def validate(self, request: ChatRequest) -> None:
+        """400 for a tool_choice that cannot be honoured."""
+        names = set(tool_schemas(request.tools))
+        if request.tool_choice == "required" and not request.tools:
+            raise APIError(400, "tool_choice 'required' needs tools", "tool_choice")
+        if request.tool_choice not in ("auto", "none", "required") and request.tool_choice not in names:
+            raise APIError(400, f"tool_choice names function {request.tool_choice!r}, which is not "
+                           "in tools", "tool_choice")
+
+    def prepare_sync(self, request: ChatRequest) -> PreparedChat:
+        """Render and build the GenerationRequest (blocking: call from a thread)."""
+        self.validate(request)
+        # No lock: rendering and tokenizing are thread-safe and linear, so one long request never
+        # holds up another's; a prompt that provably cannot fit is refused before the work.
+        at_least = min_prompt_tokens(_texts(request.messages),
+                                     getattr(self.tokenizer, "max_token_chars", None))
+        if at_least > self.max_context:
+            raise APIError(400, f"the prompt has at least {at_least} tokens, more than the context "
+                           f"of {self.max_context} tokens", "messages", "context_length_exceeded")
+        try:
+            rendered = render_request(self.tokenizer, request)
+        except PromptTooLong as error:
+            raise APIError(400, str(error), "messages", "context_length_exceeded") from None
+        except Exception as error:  # a template that rejects the conversation
+            raise render_error(request.request_id, error) from None
+        parse_tools = bool(request.tools) and request.tool_choice != "none"
+        fmt = self.tool_format if parse_tools else None
+        prefix = forced_opening(self.tool_format, request.tool_choice, request.tools) if fmt else ""
+        ids = list(rendered.token_ids)
+        if prefix:
+            ids += self._encode_plain(prefix)
+        text = rendered.text + prefix
+        parse = ParseOptions(
+            tool_format=fmt, reasoning=self.reasoning_format,
+            start_in_reasoning=bool(self.reasoning_format) and rendered.text.rstrip().endswith("<think>"),
+            schemas=tool_schemas(request.tools), prefix=prefix,
+            max_calls=None if request.parallel_tool_calls else 1)
+        if not ids:
+            raise APIError(400, "the prompt is empty", "messages")
+        if len(ids) > self.max_context:
+            raise APIError(400, f"the prompt has {len(ids)} tokens, more than the context of "
+                           f"{self.max_context} tokens", "messages", "context_length_exceeded")
+        generation = GenerationRequest(ids, request.max_tokens, request.sampling, list(request.stop),
+                                       list(rendered.message_ends), request.request_id, parse=parse)
+        return PreparedChat(generation, parse, text)
+
+    def _encode_plain(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text)
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if getattr(self.tokenizer, "add_bos", False) and ids[:1] == [bos]:
+            ids = ids[1:]  # a continuation, not a new text
+        return ids
+
+    async def prepare(self, request: ChatRequest) -> PreparedChat:
+        return await asyncio.to_thread(self.prepare_sync, request)
+
+    async def start(self, request: ChatRequest, http_request: Any = None) -> ChatStream:
+        """Render, submit and wait for the job to start. Raises APIError (400 bad request,
+        503 busy / shutting down, 499 when the HTTP client left while the job waited)."""
+        prepared = await self.prepare(request)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        scope = getattr(http_request, "scope", None)
+
+        def deliver(event: Event) -> None:
+            note_event(scope, event)  # token counts for the access log
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        job = Job(prepared.generation, deliver)
+        try:
+            self.worker.submit(job)
+        except QueueFull:
+            raise APIError(503, "server busy", None, "server_busy", {"Retry-After": "1"}) from None
+        except ShuttingDown:
+            raise APIError(503, "server is shutting down", None, "shutting_down") from None
+        getter = asyncio.ensure_future(events.get())
+        waiters = {getter}
+        watcher = None
+        if http_request is not None:
+            watcher = asyncio.ensure_future(watch_disconnect(http_request, job))
+            waiters.add(watcher)
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if not getter.done():
+            getter.cancel()
+            raise APIError(499, "client closed the request")
+        first: Event = getter.result()
+        if first.kind == "error":
+            raise as_api_error(first.value)
+        return ChatStream(job, events, prepared)

@@ -1,0 +1,175 @@
+"""Request body of the OpenAI Responses API (``POST /v1/responses``), validated by pydantic.
+
+Field meanings follow OpenAI's Responses API reference. Models are strict (no string-to-number
+coercion) and accept unknown fields (``truncation``, ``user``, ``service_tier``,
+``safety_identifier``, ``client_metadata``, ``top_logprobs`` ... are ignored). Input items are
+typed by ``type`` (a message may omit it); item types the converter does not use
+(``item_reference``, ``custom_tool_call``, ``local_shell_call``, ``web_search_call`` ...) are
+accepted and skipped, and so are tools of types other than ``function``. Image, file and audio
+parts are refused (``unsupported_content``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
+
+from redlite.server.schemas import int_in
+
+_STRICT = ConfigDict(extra="allow", strict=True)
+KNOWN_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+
+
+class TextPart(BaseModel):
+    """``input_text`` / ``output_text`` / ``text`` / ``summary_text`` / ``reasoning_text``."""
+
+    model_config = _STRICT
+    type: Literal["input_text", "output_text", "text", "summary_text", "reasoning_text"]
+    text: StrictStr
+
+
+class RefusalPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["refusal"]
+    refusal: StrictStr
+
+
+class MediaPart(BaseModel):
+    """``input_image`` / ``input_file`` / ``input_audio``: refused (text-only models)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["input_image", "input_file", "input_audio"]
+
+    @model_validator(mode="after")
+    def _refuse(self):
+        raise PydanticCustomError("unsupported_content", f"{self.type} is not supported: redlite "
+                                  "serves text-only models")
+
+
+Parts = list[TextPart | RefusalPart | SkipJsonSchema[MediaPart]]
+
+
+class MessageItem(BaseModel):
+    """A message; ``type`` may be omitted (the "easy" input message)."""
+
+    model_config = _STRICT
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: StrictStr | Parts
+
+
+class FunctionCallItem(BaseModel):
+    model_config = _STRICT
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: StrictStr
+    arguments: StrictStr
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = _STRICT
+    type: Literal["function_call_output"]
+    call_id: StrictStr
+    output: StrictStr | Parts
+
+
+class ReasoningItem(BaseModel):
+    """A replayed reasoning item: its text comes from our ``encrypted_content``, else its
+    ``reasoning_text`` content, else its summary."""
+
+    model_config = _STRICT
+    type: Literal["reasoning"]
+    summary: list[TextPart] = Field(default_factory=list)
+    content: list[TextPart] | None = None
+    encrypted_content: StrictStr | None = None
+
+
+class OtherItem(BaseModel):
+    """An item of a type the converter skips (``item_reference``, ``local_shell_call`` ...)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={
+        "properties": {"type": {"type": "string", "not": {"enum": list(KNOWN_ITEMS)}}}})
+    type: StrictStr
+
+    @model_validator(mode="after")
+    def _unknown_only(self):
+        if self.type in KNOWN_ITEMS:
+            raise PydanticCustomError("item_type", "not a valid {type} item", {"type": self.type})
+        return self
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | OtherItem
+
+
+class FunctionTool(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    name: Annotated[StrictStr, Field(min_length=1)]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class OtherTool(BaseModel):
+    """A tool of another type (``web_search``, ``local_shell``, ``custom``, ``namespace``,
+    ``file_search`` ...): skipped with a log line."""
+
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={
+        "properties": {"type": {"type": "string", "not": {"const": "function"}}}})
+    type: StrictStr
+
+    @model_validator(mode="after")
+    def _not_function(self):
+        if self.type == "function":
+            raise PydanticCustomError("tool_type", "not a valid function tool")
+        return self
+
+
+class FunctionChoice(BaseModel):
+    """``{"type": "function", "name"}``: that function must be called."""
+
+    model_config = _STRICT
+    type: Literal["function"]
+    name: StrictStr
+
+
+class ReasoningOptions(BaseModel):
+    """``reasoning``: ``effort`` (``none`` turns the template's thinking off), ``summary``."""
+
+    model_config = _STRICT
+    effort: StrictStr | None = None
+    summary: StrictStr | None = None
+
+
+class TextOptions(BaseModel):
+    """``text``: ``format`` is ``{"type": "text"}``, ``{"type": "json_object"}`` or
+    ``{"type": "json_schema", "name", "schema", "strict"}``; ``verbosity`` is accepted."""
+
+    model_config = _STRICT
+    format: dict[str, Any] | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """Body of ``POST /v1/responses``."""
+
+    model_config = _STRICT
+    model: StrictStr | None = None
+    input: StrictStr | Annotated[list[InputItem], Field(min_length=1)]
+    instructions: StrictStr | None = None
+    tools: list[FunctionTool | OtherTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    max_output_tokens: int_in(ge=1) | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    reasoning: ReasoningOptions | None = None
+    text: TextOptions | None = None
+    store: StrictBool = True
+    previous_response_id: StrictStr | None = None
+    include: list[StrictStr] | None = None
+    stream: StrictBool = False
+    prompt_cache_key: StrictStr | None = None
+    metadata: dict[str, Any] | None = None

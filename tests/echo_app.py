@@ -1,0 +1,48 @@
+"""The ASGI app with the echo engine, in process (no server subprocess), for protocol tests."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from redlite.core.byte_tokenizer import ByteTokenizer
+from redlite.core.conversations import Conversations
+from redlite.core.generation import Generator, GeneratorSettings
+from redlite.core.parking import ParkingPool
+from redlite.core.sessions import expected_for
+from redlite.core.worker import EngineWorker
+from redlite.engine.echo import EchoEngine
+from redlite.server.app import ServerState, create_app
+from redlite.server.security import SecurityOptions
+from redlite.server.slots import SlotService
+
+
+def echo_state(slot_dir: Path | None = None, security: SecurityOptions | None = None,
+               **state_fields) -> ServerState:
+    """A ServerState over a fresh echo engine and worker thread (stop it with
+    ``state.worker.shutdown()``)."""
+    engine = EchoEngine()
+    generator = Generator(engine, ByteTokenizer(), GeneratorSettings())
+    generator.parking = Conversations(ParkingPool(1 << 20, 4), None)
+    worker = EngineWorker(generator, max_queue=4)
+    slots = None
+    if slot_dir is not None:
+        slot_dir.mkdir(parents=True, exist_ok=True)
+        slots = SlotService(slot_dir, worker, expected_for(engine))
+    return ServerState(worker, ByteTokenizer(), engine.model_id, engine.max_context, slots=slots,
+                       security=security or SecurityOptions(), **state_fields)
+
+
+@contextmanager
+def echo_client(base_url: str = "http://127.0.0.1", **kwargs):
+    """A TestClient on a fresh echo app; ``kwargs`` go to :func:`echo_state`."""
+    state = echo_state(**kwargs)
+    try:
+        with TestClient(create_app(state), base_url=base_url,
+                        raise_server_exceptions=False) as client:
+            client.state = state
+            yield client
+    finally:
+        state.worker.shutdown(wait_s=2.0)

@@ -1,0 +1,174 @@
+"""POST /v1/responses (and GET/DELETE of stored responses) in process (echo engine), through the
+official ``openai`` SDK's ``responses`` API and raw HTTP. The echo engine answers with the last
+user message."""
+
+import json
+
+import openai
+import pytest
+
+from sdk_app import EchoApp
+
+
+@pytest.fixture
+def echo():
+    with EchoApp() as app:
+        yield app
+
+
+def sdk(app):
+    return openai.OpenAI(base_url=app.url + "/v1", api_key="dummy", http_client=app.client, max_retries=0)
+
+
+def test_previous_response_id_chain_reuses_everything(echo):
+    client = sdk(echo)
+    previous, last = None, None
+    for turn, text in enumerate(["one", "two, longer", "three 🙂"]):
+        fields = {"previous_response_id": previous} if previous else {}
+        if turn == 1:
+            with client.responses.stream(model="m", input=text, instructions="sys", **fields) as stream:
+                for _ in stream:
+                    pass
+                response = stream.get_final_response()
+        else:
+            response = client.responses.create(model="m", input=text, instructions="sys", **fields)
+        assert response.output_text == text and response.status == "completed"
+        usage = response.usage
+        if last is not None:
+            # zero re-prefill of the history: everything up to the new input is reused
+            assert usage.input_tokens_details.cached_tokens >= last.input_tokens + last.output_tokens - 1
+        previous, last = response.id, usage
+    stored = client.responses.retrieve(previous)
+    assert stored.id == previous and stored.output_text == "three 🙂"
+
+
+def test_store_false_with_replayed_input_items(echo):
+    client = sdk(echo)
+    items, last = [], None
+    for text in ["alpha", "beta", "gamma"]:
+        items.append({"role": "user", "content": [{"type": "input_text", "text": text}]})
+        response = client.responses.create(model="m", input=items, store=False,
+                                           include=["reasoning.encrypted_content"])
+        assert response.output_text == text
+        if last is not None:
+            assert response.usage.input_tokens_details.cached_tokens >= last.input_tokens + last.output_tokens - 1
+        last = response.usage
+        items += [item.model_dump(exclude_none=True) for item in response.output]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+
+
+def test_unknown_previous_response_is_a_404(echo):
+    with pytest.raises(openai.NotFoundError) as info:
+        sdk(echo).responses.create(model="m", input="x", previous_response_id="resp_nope")
+    assert info.value.body["code"] == "previous_response_not_found"
+    r = echo.client.get("/v1/responses/resp_nope")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    ok = sdk(echo).responses.create(model="m", input="still serving")
+    assert ok.output_text == "still serving"
+
+
+def test_raw_stream_sequence_numbers_and_text(echo):
+    body = {"model": "m", "input": "héllo", "stream": True, "max_output_tokens": 3}
+    with echo.client.stream("POST", "/v1/responses", json=body) as r:
+        assert r.status_code == 200
+        frames = [f for f in r.read().decode().split("\n\n") if f]
+    events = [json.loads(f.split("\n")[1].removeprefix("data: ")) for f in frames]
+    assert [f.split("\n")[0].removeprefix("event: ") for f in frames] == [e["type"] for e in events]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.incomplete"
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == "hé" and events[-1]["response"]["output"][0]["content"][0]["text"] == text
+    assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_stream_failure_is_response_failed(echo):
+    body = {"model": "m", "input": "FAIL!", "stream": True}
+    with echo.client.stream("POST", "/v1/responses", json=body) as r:
+        frames = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: ")]
+    assert frames[-1]["type"] == "response.failed"
+    assert frames[-1]["response"]["status"] == "failed"
+    assert frames[-1]["response"]["error"]["code"] == "engine_error"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": "x", "temperature": 9}, "temperature"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]}, "input.0.content.0"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+])
+def test_errors_in_openai_shape(echo, body, param):
+    r = echo.client.post("/v1/responses", json={"model": "m", **body})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_delete_stored_response(echo):
+    client = sdk(echo)
+    response = client.responses.create(model="m", input="keep me")
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+
+
+def call_text(name, arguments, thinking=None):
+    call = "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+    return (f"{thinking}\n</think>\n\n" if thinking is not None else "") + call
+
+
+TOOLS = [{"type": "function", "name": "shell", "description": "run a command",
+          "parameters": {"type": "object", "properties": {"cmd": {"type": "array", "items": {"type": "string"}}}}},
+         {"type": "web_search"}, {"type": "custom", "name": "apply_patch"}]
+
+
+@pytest.mark.parametrize("mode", ["store_false_replay", "previous_response_id"])
+def test_sdk_tool_calling_loop_codex_style(echo, mode):
+    """Three turns (call, call, text): the echo engine repeats the last user or tool message, so
+    each function_call_output scripts the next answer. Codex replays every item with
+    ``store: false``; other clients chain ``previous_response_id``. Non-function tools are skipped."""
+    client = sdk(echo)
+    script = [call_text("shell", {"cmd": ["ls"]}), call_text("shell", {"cmd": ["cat", "a.txt"]}), "It says hi."]
+    items = [{"role": "user", "content": [{"type": "input_text", "text": script[0]}]}]
+    previous_id, last = None, None
+    for turn in range(3):
+        fields = dict(model="m", tools=TOOLS, instructions="You are Codex.",
+                      include=["reasoning.encrypted_content"])
+        if mode == "store_false_replay":
+            fields.update(input=items, store=False)
+        else:
+            fields.update(input=items[-1:], previous_response_id=previous_id) if previous_id else fields.update(input=items)
+        with client.responses.stream(**fields) as stream:
+            kinds = [e.type for e in stream]
+            response = stream.get_final_response()
+        if turn < 2:
+            calls = [item for item in response.output if item.type == "function_call"]
+            assert len(calls) == 1 and calls[0].name == "shell"
+            assert json.loads(calls[0].arguments) == [{"cmd": ["ls"]}, {"cmd": ["cat", "a.txt"]}][turn]
+            assert "response.function_call_arguments.delta" in kinds
+            items += [item.model_dump(exclude_none=True) for item in response.output]
+            items.append({"type": "function_call_output", "call_id": calls[0].call_id, "output": script[turn + 1]})
+        else:
+            assert response.output_text == "It says hi."
+        usage = response.usage
+        if last is not None:
+            assert usage.input_tokens_details.cached_tokens >= last.input_tokens + last.output_tokens - 1, (turn, usage)
+        last, previous_id = usage, response.id
+
+
+def test_reasoning_round_trips_through_encrypted_content(echo):
+    """A scripted answer with <think>...</think> comes back as a reasoning item (text and our
+    encrypted_content); replaying it with store: false renders the same history again."""
+    client = sdk(echo)
+    text = "<think>\nweighing options\n</think>\n\nanswer"
+    response = client.responses.create(model="m", input=text, store=False, include=["reasoning.encrypted_content"])
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"] and response.output_text == "answer"
+    reasoning = response.output[0]
+    assert reasoning.content[0].text == "weighing options" and reasoning.encrypted_content.startswith("rlr1.")
+    replay = [{"role": "user", "content": text},
+              {"type": "reasoning", "id": reasoning.id, "summary": [], "encrypted_content": reasoning.encrypted_content},
+              response.output[1].model_dump(exclude_none=True),
+              {"role": "user", "content": "next"}]
+    second = client.responses.create(model="m", input=replay, store=False)
+    assert second.output_text == "next"
+    assert second.usage.input_tokens_details.cached_tokens >= response.usage.input_tokens + response.usage.output_tokens - 1

@@ -1,0 +1,195 @@
+"""SIGINT/SIGTERM at each phase of a real server process: exit status 0, never an abort; the
+running request gets 503 (JSON, or an SSE error event then ``data: [DONE]``), waiting ones get
+503; conversations are saved to --session-dir; a second signal exits at once, cleanly."""
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+CUT = "server is shutting down; the answer was cut off"
+DOWN = "server is shutting down"
+
+
+def user(content):
+    return {"messages": [{"role": "user", "content": content}]}
+
+
+class Client(threading.Thread):
+    """One request in a thread: ``status``/``body`` (JSON) or ``lines`` (a stream), ``error``."""
+
+    def __init__(self, url, body, stream=False, timeout=60):
+        super().__init__(daemon=True)
+        self.url, self.body, self.stream, self.timeout = url, body, stream, timeout
+        self.status = self.payload = self.error = None
+        self.lines = []
+        self.start()
+
+    def run(self):
+        try:
+            if self.stream:
+                with httpx.stream("POST", self.url + "/v1/chat/completions",
+                                  json={**self.body, "stream": True}, timeout=self.timeout) as r:
+                    self.status = r.status_code
+                    self.lines.extend(line for line in r.iter_lines() if line)
+            else:
+                r = httpx.post(self.url + "/v1/chat/completions", json=self.body, timeout=self.timeout)
+                self.status, self.payload = r.status_code, r.json()
+        except (httpx.HTTPError, ValueError) as error:
+            self.error = error
+
+    def result(self, timeout=30):
+        self.join(timeout)
+        assert not self.is_alive(), "client still waiting"
+        assert self.error is None, self.error
+        return self
+
+    def message(self):
+        if self.stream:
+            assert self.lines[-1] == "data: [DONE]", self.lines
+            return json.loads(self.lines[-2].removeprefix("data: "))["error"]["message"]
+        assert self.status == 503, (self.status, self.payload)
+        return self.payload["error"]["message"]
+
+
+def exit_status(server, timeout=30):
+    code = server.proc.wait(timeout)
+    log = server.log()
+    assert "terminate called" not in log and "Traceback" not in log, log
+    return code
+
+
+def wait_queued(server, n, timeout=10):
+    deadline = time.monotonic() + timeout
+    while httpx.get(server.url + "/health", timeout=5).json()["queue_depth"] < n:
+        assert time.monotonic() < deadline, "requests not queued"
+        time.sleep(0.02)
+
+
+def files(directory):
+    return sorted(p.name for p in Path(directory).iterdir() if p.is_file())
+
+
+def ask(server, content):
+    r = httpx.post(server.url + "/v1/chat/completions", json=user(content), timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("sig, stream", [(signal.SIGINT, True), (signal.SIGTERM, False)])
+def test_signal_during_prefill(start_server, tmp_path, sig, stream):
+    server = start_server("--echo-prefill-delay-ms", "2", "--prefill-chunk", "50",
+                          "--session-dir", str(tmp_path), "--session-min-tokens", "20")
+    ask(server, "parked conversation " * 3)  # will be parked in RAM by the next one
+    running = Client(server.url, user("x" * 3000), stream=stream)  # a 6 s prefill
+    server.wait_for_log("parked")
+    waiting = Client(server.url, user("queued"))
+    wait_queued(server, 1)
+    time.sleep(0.3)
+    server.signal(sig)
+    assert running.result().message() == CUT
+    assert waiting.result().message() == DOWN
+    assert exit_status(server) == 0
+    log = server.log()
+    assert "prefill stopped at" in log
+    saved = files(tmp_path)
+    assert len(saved) == 2 and not [n for n in saved if n.startswith(".")], saved  # RAM + live
+    restarted = start_server("--session-dir", str(tmp_path))
+    assert "2 saved conversations indexed" in restarted.log()
+
+
+def test_signal_while_queued_and_decoding_stream(start_server):
+    server = start_server("--echo-delay-ms", "50")
+    running = Client(server.url, user("z" * 200), stream=True)
+    server.wait_for_log("prefill")
+    waiting = [Client(server.url, user(f"wait {i}")) for i in range(2)]
+    wait_queued(server, 2)
+    server.signal(signal.SIGTERM)
+    assert running.result().message() == CUT
+    assert len(running.lines) < 200
+    assert [w.result().message() for w in waiting] == [DOWN, DOWN]
+    assert exit_status(server) == 0
+
+
+def test_signal_while_the_body_is_decoded_and_rendered(start_server):
+    server = start_server("--max-body-mib", "64")
+    body = {"messages": [{"role": "user", "content": f"m{i}"} for i in range(100_000)]}  # < 1M tokens
+    client = Client(server.url, body, timeout=60)
+    time.sleep(0.7)  # the body is being read, decoded, validated or rendered
+    server.signal(signal.SIGINT)
+    client.result(60)
+    assert client.status == 503 and client.message() == DOWN, (client.status, client.payload)
+    assert exit_status(server) == 0
+
+
+def test_signal_while_parking(start_server, tmp_path):
+    server = start_server("--echo-snapshot-delay-ms", "1500", "--session-dir", str(tmp_path),
+                          "--session-min-tokens", "1")
+    ask(server, "first conversation")
+    running = Client(server.url, user("another conversation"))  # parks the first: 1.5 s copy
+    time.sleep(0.5)
+    server.signal(signal.SIGINT)
+    assert running.result().message() == CUT
+    assert exit_status(server) == 0
+    assert len(files(tmp_path)) == 1  # the parked conversation reached the disk
+
+
+def test_second_signal_exits_at_once_without_half_written_files(start_server, tmp_path):
+    server = start_server("--echo-snapshot-delay-ms", "4000", "--session-dir", str(tmp_path),
+                          "--session-min-tokens", "1")
+    ask(server, "a conversation to save at exit")
+    server.signal(signal.SIGINT)
+    server.wait_for_log("stopping (a second signal")
+    time.sleep(0.5)  # the exit save is copying the live state (4 s)
+    second = time.monotonic()
+    server.signal(signal.SIGINT)
+    assert exit_status(server, timeout=10) == 0
+    assert time.monotonic() - second < 2.0  # not the 3.5 s left of the copy
+    assert list(Path(tmp_path).iterdir()) == []  # nothing started, nothing half-written
+
+
+def test_signal_while_loading_exits_zero():
+    import subprocess
+    import sys
+    from server_process import free_port
+    proc = subprocess.Popen([sys.executable, "-m", "redlite.cli", "serve", "--port", str(free_port())],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not any("loading engine" in line for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        proc.send_signal(signal.SIGTERM)  # importing torch, loading the model
+        out = "".join(lines) + proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out and "listening on" not in out
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("twice", [False, True])
+def test_bundled_model_signal_mid_prefill_exits_zero_without_abort(start_server, tmp_path, twice):
+    server = start_server("--ctx-size", "4096", "--session-dir", str(tmp_path),
+                          "--session-min-tokens", "16", engine="torch", timeout_s=300)
+    prompt = "the quick brown fox jumps over the lazy dog " * 300  # ~2,700 tokens
+    running = Client(server.url, {**user(prompt), "max_tokens": 4}, timeout=300)
+    server.wait_for_log("engine", timeout_s=5)
+    time.sleep(1.5)  # inside the prefill (chunks of 512 tokens)
+    server.signal(signal.SIGINT)
+    if twice:
+        time.sleep(0.2)
+        server.signal(signal.SIGTERM)
+    assert running.result(120).message() == CUT
+    assert exit_status(server, timeout=120) == 0
+    log = server.log()
+    if not twice:
+        assert "prefill stopped at" in log
+        assert len(files(tmp_path)) == 1  # the prefilled part, saved
+    assert not [p for p in Path(tmp_path).iterdir() if p.name.startswith(".")]
