@@ -132,12 +132,12 @@ def test_bundled_model_parity_with_float32_reference(tmp_path) -> None:
                         3575, 282, 4649, 47, 2, 198])
     with torch.inference_mode():
         got = model(ids, model.new_state(64, "cpu", torch.float32), all_logits=True)
-        want = reference(ids, reference.new_state(64, "cpu", torch.float32), all_logits=True)
-        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        want_all = reference(ids, reference.new_state(64, "cpu", torch.float32), all_logits=True)
+        torch.testing.assert_close(got, want_all, atol=1e-4, rtol=0)
         state, ref_state = model.new_state(64, "cpu", torch.float32), reference.new_state(64, "cpu", torch.float32)
         for token in ids:
             got, want = model(token[None], state), reference(token[None], ref_state)
             assert (got - want).abs().max() <= 0.35 * want.std()
             assert int(got.argmax()) == int(want.argmax())
         torch.testing.assert_close(default(ids, default.new_state(64, "cpu", torch.float32), all_logits=True),
-                                   want, atol=1e-4, rtol=0)
+                                   want_all, atol=1e-4, rtol=0)
