@@ -226,7 +226,8 @@ def main() -> None:
         theirs = llama_cpp(bench, path, args.threads, args.prompt, args.gen, args.reps)
         gguf_bytes = path.stat().st_size
         entry = {
-            "gguf_bytes": gguf_bytes, "redlite": ours, "llama_cpp": theirs,
+            "gguf_bytes": gguf_bytes, "prompt_tokens": args.prompt, "decode_tokens": args.gen, "reps": args.reps,
+            "load_average": load_average(), "redlite": ours, "llama_cpp": theirs,
             "cold_start_s": {"first": starts[0], "second": starts[1]},
             "decode_ratio_vs_llama_cpp": ours["decode_tps"] / theirs["decode_tps"],
             "prefill_ratio_vs_llama_cpp": ours["prefill_tps"] / theirs["prefill_tps"],
@@ -241,6 +242,10 @@ def main() -> None:
     if args.save:
         stem = f"cpu-{run['date'][:10]}-{re.sub(r'[^A-Za-z0-9]+', '-', run['machine'])[:40]}"
         out = ROOT / "bench" / "results"
+        if (out / f"{stem}.json").exists():  # another run of the same day: its other models stay
+            earlier = json.loads((out / f"{stem}.json").read_text())
+            run["models"] = {**earlier.get("models", {}), **run["models"]}
+            report = markdown(run)
         (out / f"{stem}.json").write_text(json.dumps(run, indent=1) + "\n")
         (out / f"{stem}.md").write_text(report)
         print(f"saved bench/results/{stem}.md and .json")
@@ -255,18 +260,18 @@ def _cpu_name() -> str:
 
 def markdown(run: dict) -> str:
     mb = 1e6
-    lines = [f"# CPU: redlite vs llama.cpp ({run['date']})", "",
-             f"{run['cpu']}, {run['cores']} cores, {run['threads']} threads each; prefill of "
-             f"{run['prompt_tokens']} tokens, {run['decode_tokens']} decode tokens, mean of {run['reps']} runs; "
-             f"redlite ctx {run['ctx']}. Load average {run['load_average_start']} at the start, "
-             f"{run['load_average_end']} at the end (a shared machine: other jobs ran alongside).", ""]
+    lines = [f"# CPU: redlite (--int4-decode) vs llama.cpp ({run['date']})", "",
+             f"{run['cpu']}, {run['cores']} cores, {run['threads']} threads each; redlite ctx {run['ctx']}. "
+             "A shared machine: other jobs ran alongside (load average per model below).", ""]
     for name, e in run["models"].items():
         ours, theirs = e["redlite"], e["llama_cpp"]
         lines += [f"## {name} ({e['gguf_bytes'] / mb:.0f} MB GGUF)", "",
+                  f"Prefill of {e['prompt_tokens']} tokens, {e['decode_tokens']} decode tokens, mean of "
+                  f"{e['reps']} runs; load average {e['load_average']} when done.", "",
                   "| figure | redlite | llama.cpp | ratio |", "|---|---|---|---|",
                   f"| decode tokens/s | {ours['decode_tps']:.1f} | {theirs['decode_tps']:.1f} | "
                   f"{e['decode_ratio_vs_llama_cpp']:.2f}x |",
-                  f"| prefill tokens/s ({run['prompt_tokens']}) | {ours['prefill_tps']:.1f} | {theirs['prefill_tps']:.1f} | "
+                  f"| prefill tokens/s ({e['prompt_tokens']}) | {ours['prefill_tps']:.1f} | {theirs['prefill_tps']:.1f} | "
                   f"{e['prefill_ratio_vs_llama_cpp']:.2f}x |",
                   f"| peak resident MB | {ours['peak_rss_bytes'] / mb:.0f} | {theirs['peak_rss_bytes'] / mb:.0f} | "
                   f"{e['rss_ratio_vs_llama_cpp']:.2f}x |",

@@ -108,7 +108,7 @@ class Linear(nn.Module):
     def load(self, blocks: list, bias_blocks: list | None = None) -> None:
         """Fill the weight from row blocks (see the class docstring; their rows must add up to
         ``out_features``) and the bias from ``bias_blocks`` (tensors) when the layer has one."""
-        device, dtype = self.weight.device, self.weight.dtype
+        device = self.weight.device
         quantized = [b for b in blocks if hasattr(b, "int4_parts")]
         kinds = sorted({b.qtype for b in quantized})
         if quantized and device.type == "cpu" and quant_int4.supported(self.out_features, self.in_features):
