@@ -92,10 +92,11 @@ def _map_address(m: mmap.mmap) -> int:
 def raw_write(path: Path, nbytes: int, block: bytes) -> float:
     """Seconds to write ``nbytes`` to a new file in ``BLOCK`` writes, fsync included."""
     started = time.perf_counter()
+    view = memoryview(block)
     with open(path, "wb") as f:
         left = nbytes
         while left > 0:
-            f.write(block[:min(left, len(block))])
+            f.write(view[:min(left, len(block))])
             left -= len(block)
         f.flush()
         os.fsync(f.fileno())
@@ -164,7 +165,7 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
     block, buffer = os.urandom(BLOCK), bytearray(BLOCK)
     raw_path = store.directory / "raw-speed.bin"
     nbytes = file_bytes = 0
-    for _ in range(repeat):
+    for rep in range(repeat):
         t = time.perf_counter()
         entry = capture(gen, "bench", time.time())
         times["ram_save"].append(time.perf_counter() - t)
@@ -174,27 +175,40 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
         assert install(gen, entry)
         times["ram_restore"].append(time.perf_counter() - t)
 
-        t = time.perf_counter()
-        saved = store.save(entry)
-        times["disk_save"].append(time.perf_counter() - t)
-        assert saved is not None
-        file_bytes = saved.nbytes
-        times["raw_write"].append(raw_write(raw_path, file_bytes, block))
+        def save() -> None:
+            t = time.perf_counter()
+            saved.append(store.save(entry))
+            times["disk_save"].append(time.perf_counter() - t)
 
-        for condition in ("cold", "warm"):
-            if condition == "cold":
-                drop_cache(saved.path)
-                drop_cache(raw_path)
-            residency[f"{condition}_session"].append(resident(saved.path))
+        saved: list = []
+        first_raw = rep % 2 == 1  # alternate which goes first, so order effects cancel
+        if first_raw:
+            times["raw_write"].append(raw_write(raw_path, file_bytes, block))  # as the last save
+        save()
+        file_bytes = saved[0].nbytes
+        if not first_raw:
+            times["raw_write"].append(raw_write(raw_path, file_bytes, block))
+
+        def restore(condition: str) -> None:
+            residency[f"{condition}_session"].append(resident(saved[0].path))
             engine.reset()
             t = time.perf_counter()
-            loaded = store.load(saved.key)
+            loaded = store.load(saved[0].key)
             assert loaded is not None and install(gen, loaded)
             times[f"{condition}_restore"].append(time.perf_counter() - t)
             assert gen.held_ids == tokens and engine.n_past == len(tokens)
+
+        def read_raw(condition: str) -> None:
             residency[f"{condition}_raw"].append(resident(raw_path))
             times[f"{condition}_raw_read"].append(raw_read(raw_path, buffer))
-        store._delete(saved.key, "bench")
+
+        for condition in ("cold", "warm"):
+            if condition == "cold":
+                drop_cache(saved[0].path)
+                drop_cache(raw_path)
+            for step in ((read_raw, restore) if first_raw else (restore, read_raw)):
+                step(condition)
+        store._delete(saved[0].key, "bench")
         raw_path.unlink()
     row = {"tokens": len(tokens), "state_bytes": nbytes, "file_bytes": file_bytes, "prefill_s": prefill_s}
     for name, values in times.items():

@@ -24,7 +24,8 @@ def echo_state(slot_dir: Path | None = None, security: SecurityOptions | None = 
     """A ServerState over a fresh echo engine and worker thread (stop it with
     ``state.worker.shutdown()``)."""
     engine = EchoEngine()
-    generator = Generator(engine, ByteTokenizer(), GeneratorSettings())
+    # one prefill call per request whatever its length, so tests can count requests' prefills
+    generator = Generator(engine, ByteTokenizer(), GeneratorSettings(prefill_chunk=1 << 30))
     generator.parking = Conversations(ParkingPool(1 << 20, 4), None)
     worker = EngineWorker(generator, max_queue=4)
     slots = None

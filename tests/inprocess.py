@@ -9,7 +9,7 @@ import json
 import httpx
 
 from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.generation import Generator
+from redlite.core.generation import Generator, GeneratorSettings
 from redlite.core.worker import EngineWorker
 from redlite.engine.echo import EchoEngine
 from redlite.server.app import ServerState, create_app
@@ -21,7 +21,8 @@ def inprocess_app(engine=None, tokenizer=None, model_id="echo", chat_options=Non
     """Yield ``(app, state)`` for an engine (default: a rewindable echo engine)."""
     engine = engine or EchoEngine()
     tokenizer = tokenizer or ByteTokenizer()
-    worker = EngineWorker(Generator(engine, tokenizer))
+    # one prefill call per request whatever its length, so tests can count requests' prefills
+    worker = EngineWorker(Generator(engine, tokenizer, GeneratorSettings(prefill_chunk=1 << 30)))
     state = ServerState(worker, tokenizer, model_id, engine.max_context,
                         chat_options=chat_options or ChatOptions())
     try:

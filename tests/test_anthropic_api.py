@@ -74,7 +74,7 @@ def test_count_tokens(echo):
     counted = client.messages.count_tokens(model="m", system="sys", messages=messages)
     reply = client.messages.create(model="m", max_tokens=5, system="sys", messages=messages)
     assert counted.input_tokens == reply.usage.input_tokens + reply.usage.cache_read_input_tokens
-    assert echo.engine.prefill_calls == 1  # count_tokens generated nothing
+    assert echo.engine.prefilled_tokens == counted.input_tokens  # count_tokens ran nothing
 
 
 @pytest.mark.parametrize("body,status,kind,needle", [
@@ -146,7 +146,7 @@ def claude_code_body(history, nonce):
 
 def test_claude_code_shaped_session_extends_the_held_state_every_turn(echo):
     client = sdk(echo)
-    history, previous = [], None
+    history, previous, uncached = [], None, 0
     for turn in range(4):
         history.append({"role": "user", "content": [
             {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
@@ -161,10 +161,12 @@ def test_claude_code_shaped_session_extends_the_held_state_every_turn(echo):
         if previous is not None:
             assert usage.cache_read_input_tokens >= previous[0] + previous[1] - 1, (turn, usage, previous)
         previous = (total, usage.output_tokens)
+        uncached += usage.input_tokens
         history.append({"role": "assistant", "content": [
             {"type": "thinking", "thinking": "", "signature": "s"},
             *[block.model_dump(exclude_none=True) for block in message.content]]})
-    assert echo.engine.prefill_calls == 4
+    # the engine prefilled exactly the uncached input the usage reported, nothing more
+    assert echo.engine.prefilled_tokens == uncached
 
 
 def call_text(name, arguments, thinking=None):
@@ -219,8 +221,8 @@ def test_sdk_tool_calling_loop_with_thinking(echo, streamed):
 
 
 def test_forced_tool_choice(echo):
-    # the server prefills the call's opening up to the arguments; the echo script continues it
+    # the grammar forces a call of ls; the echo script writes the call it allows
     message = sdk(echo).messages.create(model="m", max_tokens=300, tools=TOOLS,
                                         tool_choice={"type": "tool", "name": "ls"},
-                                        messages=[{"role": "user", "content": '{"path": "/"}}\n</tool_call>'}])
+                                        messages=[{"role": "user", "content": call_text("ls", {"path": "/"})}])
     assert [b.type for b in message.content] == ["tool_use"] and message.content[0].input == {"path": "/"}

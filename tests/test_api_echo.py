@@ -77,7 +77,7 @@ def test_completion_with_token_ids(echo_server):
     ({"temperature": 5}, "temperature"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"top_p": 0}, "top_p"),
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
     ({"stop": 5}, "stop"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"stop": [""]}, "stop.0"),

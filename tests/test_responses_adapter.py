@@ -80,7 +80,6 @@ def test_history_of_a_previous_response_goes_after_instructions():
 
 @pytest.mark.parametrize("fields,param", [
     ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format.type"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format"),
 ])
 def test_bad_choices_are_a_400_naming_the_field(fields, param):
     with pytest.raises(APIError) as info:
@@ -112,9 +111,7 @@ def test_media_parts_are_refused_as_unsupported_content():
     assert any(e["type"] == "unsupported_content" for e in info.value.errors())
 
 
-def test_text_format_and_named_tool_choice(monkeypatch):
-    import redlite.server.schemas as schemas
-    monkeypatch.delitem(schemas.UNSUPPORTED_FIELDS, "response_format")  # as once it lands
+def test_text_format_and_named_tool_choice():
     chat = convert(input="x", tool_choice={"type": "function", "name": "f"},
                    text={"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}, "strict": True}})
     assert chat.tool_choice == "f"

@@ -71,7 +71,10 @@ def wait_queued(server, n, timeout=10):
 
 
 def files(directory):
-    return sorted(p.name for p in Path(directory).iterdir() if p.is_file())
+    """The session files in ``directory``; asserts no temporary (half-written) file is left."""
+    names = sorted(p.name for p in Path(directory).iterdir() if p.is_file())
+    assert not [n for n in names if n.endswith(".tmp")], names
+    return [n for n in names if n.endswith(".rlsession")]
 
 
 def ask(server, content):
@@ -97,7 +100,7 @@ def test_signal_during_prefill(start_server, tmp_path, sig, stream):
     log = server.log()
     assert "prefill stopped at" in log
     saved = files(tmp_path)
-    assert len(saved) == 2 and not [n for n in saved if n.startswith(".")], saved  # RAM + live
+    assert len(saved) == 2, saved  # the RAM-parked conversation and the live one
     restarted = start_server("--session-dir", str(tmp_path))
     assert "2 saved conversations indexed" in restarted.log()
 
@@ -149,7 +152,7 @@ def test_second_signal_exits_at_once_without_half_written_files(start_server, tm
     server.signal(signal.SIGINT)
     assert exit_status(server, timeout=10) == 0
     assert time.monotonic() - second < 2.0  # not the 3.5 s left of the copy
-    assert list(Path(tmp_path).iterdir()) == []  # nothing started, nothing half-written
+    assert files(tmp_path) == []  # nothing started, nothing half-written
 
 
 def test_signal_while_loading_exits_zero():
@@ -192,4 +195,4 @@ def test_bundled_model_signal_mid_prefill_exits_zero_without_abort(start_server,
     if not twice:
         assert "prefill stopped at" in log
         assert len(files(tmp_path)) == 1  # the prefilled part, saved
-    assert not [p for p in Path(tmp_path).iterdir() if p.name.startswith(".")]
+    files(tmp_path)  # no temporary file left

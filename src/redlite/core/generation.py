@@ -6,6 +6,12 @@ token is fed back only when another one is decoded after it, so the end-of-turn 
 that hit ``max_tokens`` and the token that completed a stop sequence are not held. The held ids
 and the engine agree at every moment; when a request fails mid-way the history is marked
 untrusted and the next request resets.
+
+A request with ``n`` > 1 runs its choices one after another: each later choice plans against
+the held state of the previous one (prompt + its answer), so the planner rewinds (or restores
+the checkpoint at the prompt's end) and only the answer is recomputed; later choices skip the
+parking step, since the previous choice's answer is not worth keeping. With a seed, choice i
+samples with ``seed + i``.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, prefill_split_points
@@ -22,7 +28,7 @@ from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
 from redlite.core.chat import ChatOutput, OutputEvent
 from redlite.core.output_scanner import OutputScanner, ParseOptions
 from redlite.core.tokenizer import Tokenizer
-from redlite.engine.base import Engine, EngineError, SamplingParams
+from redlite.engine.base import Engine, EngineError, SamplingParams, TokenLogprob
 
 log = logging.getLogger("redlite.generation")
 
@@ -35,6 +41,7 @@ class GenerationRequest:
     boundary positions (tokens) of a chat prompt, for checkpoints. max_tokens: the most tokens to
     generate (None: until end of turn or a full context). stop: validated stop strings.
     parse: how the output is split into content / reasoning / tool calls (None: all content).
+    n: how many answers (choices) to generate for the prompt, one after another.
     """
 
     prompt_ids: list[int]
@@ -45,6 +52,7 @@ class GenerationRequest:
     request_id: str = "req"
     cancelled: threading.Event = field(default_factory=threading.Event)
     parse: ParseOptions | None = None
+    n: int = 1
 
 
 @dataclass
@@ -60,9 +68,12 @@ class EngineTask(GenerationRequest):
 
 @dataclass
 class GenerationResult:
-    """The end of a generation. finish_reason: ``stop`` (end of turn or a stop sequence),
-    ``length`` (max_tokens or a full context) or ``cancelled`` (client gone, shutdown).
-    output: the parsed answer (its finish_reason may be ``tool_calls``)."""
+    """The end of a generation (of one choice). finish_reason: ``stop`` (end of turn or a stop
+    sequence), ``length`` (max_tokens or a full context) or ``cancelled`` (client gone,
+    shutdown). output: the parsed answer (its finish_reason may be ``tool_calls``).
+    index: the choice (0-based; the request's last choice is ``n - 1``).
+    logprobs: with ``SamplingParams.logprobs`` set, one record per generated token (the
+    end-of-turn token excluded), else None."""
 
     finish_reason: str
     prompt_tokens: int
@@ -72,6 +83,8 @@ class GenerationResult:
     decode_tokens_per_s: float
     plan: ReusePlan
     output: ChatOutput = field(default_factory=ChatOutput)
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -174,12 +187,15 @@ class Generator:
 
     # --- the generation loop ------------------------------------------------------------------
 
-    def run(self, request: GenerationRequest) -> Iterator[OutputEvent | GenerationResult]:
-        """Yield :class:`OutputEvent` s (content / reasoning / tool-call pieces, from the
-        :class:`OutputScanner`), then one :class:`GenerationResult`.
+    def run(self, request: GenerationRequest) -> Iterator[OutputEvent | TokenLogprob | GenerationResult]:
+        """For each of the request's ``n`` choices in turn: yield its :class:`OutputEvent` s
+        (content / reasoning / tool-call pieces, from the :class:`OutputScanner`), with logprobs
+        on a :class:`TokenLogprob` per generated token before the events it completes, then its
+        :class:`GenerationResult` (``index`` = the choice).
 
         Raises EngineError / any engine exception; the history is then marked failed so the next
-        request resets (the held ids may no longer match the engine state).
+        request resets (the held ids may no longer match the engine state). Raises
+        ``redlite.core.constraints.ConstraintError`` for a grammar llguidance rejects.
         """
         if isinstance(request, EngineTask):
             try:
@@ -187,11 +203,28 @@ class Generator:
             except Exception as error:
                 request.error = error
             return
+        for index in range(max(1, request.n)):
+            if index and request.cancelled.is_set():
+                return
+            yield from self._run_choice(request, index)
+
+    def _make_sampler(self, request: GenerationRequest, index: int):
+        params = request.sampling
+        if index and params.seed is not None:
+            params = replace(params, seed=params.seed + index)
+        matcher = None
+        if params.constraint is not None:
+            from redlite.core.grammar import GrammarMatcher, grammar_tokenizer
+
+            matcher = GrammarMatcher(params.constraint, grammar_tokenizer(self.tokenizer))
+        return self.engine.make_sampler(params, request.prompt_ids, matcher)
+
+    def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
         prompt = request.prompt_ids
         if len(prompt) > self.engine.max_context:
             raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context of {self.engine.max_context}")
         started = self._clock()
-        if self.parking is not None and self.settings.reuse:
+        if self.parking is not None and self.settings.reuse and index == 0:
             # candidate selection: the live state or a parked conversation (never raises)
             self.parking.select(self, prompt, request.request_id)
         plan = self.plan(prompt)
@@ -215,7 +248,8 @@ class Generator:
             max_tokens = min(max_tokens or self.settings.max_tokens, self.settings.max_tokens)
         # the answer's region starts where the template's generation prompt does
         self._answer_start = request.message_ends[-1] if request.message_ends else len(prompt)
-        sampler = self.engine.make_sampler(request.sampling)
+        sampler = self._make_sampler(request, index)
+        records: list[TokenLogprob] | None = [] if request.sampling.logprobs is not None else None
         decoder = self.tokenizer.incremental_decoder()
         scanner = OutputScanner(request.stop, request.parse)
         eos = self.tokenizer.eos_token_ids
@@ -231,6 +265,9 @@ class Generator:
                 finish = "stop"
                 break
             generated += 1
+            if records is not None and sampler.last_logprob is not None:
+                records.append(sampler.last_logprob)
+                yield sampler.last_logprob
             events, stopped = scanner.push(decoder.push(token))
             yield from events
             if stopped:
@@ -258,4 +295,5 @@ class Generator:
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
                  request.request_id, generated, rate, finish, len(self.held_ids))
-        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan, output)
+        yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan, output,
+                               index, records)

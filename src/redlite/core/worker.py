@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator
+from redlite.engine.base import TokenLogprob
 
 log = logging.getLogger("redlite.worker")
 
@@ -43,8 +44,10 @@ CUT_OFF = "server is shutting down; the answer was cut off"
 @dataclass
 class Event:
     """What a job produces, in order: ``started`` once, ``output`` events (value: an
-    :class:`redlite.core.chat.OutputEvent`), then ``done`` (value: a GenerationResult) or
-    ``error`` (value: the exception)."""
+    :class:`redlite.core.chat.OutputEvent`; with logprobs on, a ``logprob`` event, value a
+    TokenLogprob, comes before the output of its token), then ``done`` (value: a
+    GenerationResult) or ``error`` (value: the exception). A request with ``n`` > 1 has one
+    ``done`` per choice (``GenerationResult.index``); its last is ``index == n - 1``."""
 
     kind: str
     value: Any = None
@@ -141,6 +144,8 @@ class EngineWorker:
             for item in self.generator.run(job.request):
                 if isinstance(item, GenerationResult):
                     _send(job, Event("done", item))
+                elif isinstance(item, TokenLogprob):
+                    _send(job, Event("logprob", item))
                 else:
                     _send(job, Event("output", item))
         except Exception as error:  # the request fails; the server keeps serving

@@ -3,9 +3,20 @@
 Tokens are UTF-8 bytes (see :mod:`redlite.core.byte_tokenizer`). The engine "generates" by
 echoing a chosen byte string: at the end of a prefill it takes as *source* the content of the
 last user or tool message in the held sequence (the bytes between the last ``<|user|>`` or
-``<|tool|>`` and the next ``<|end|>``), or the whole held byte sequence when there is no ``<|user|>`` token; the k-th
-generated token is the k-th source byte, then ``<|end|>``. So the output is a function of the
-held token ids alone: a warm (reused) and a cold state give the same answer, as with a model.
+``<|tool|>`` and the next ``<|end|>``), or the whole held byte sequence when there is no
+``<|user|>`` token; it predicts the source byte that follows the longest end of its answer so
+far that is a beginning of the source (so an unconstrained answer is the source, then
+``<|end|>``), tracked as in Knuth-Morris-Pratt string matching. When a grammar mask or a logit
+bias makes it write other bytes (forced markup, say), it picks the source up again where the
+answer's end matches it. So the output is a function of the held token ids alone: a warm
+(reused) and a cold state give the same answer, as with a model.
+
+Its logits (:meth:`EchoLogits.scores`) give the predicted token 10, ``<|end|>`` 5, bytes of the
+source not echoed yet ``2 - id/1000``, the JSON closers ``"`` ``}`` ``]`` 1.0/0.9/0.8 and every
+other id ``-id/1000``; its sampler applies
+logit bias, penalties and the grammar mask (:class:`~redlite.engine.logit_rules.NumpySampler`)
+and takes the argmax whatever the temperature, so constrained output stays deterministic and
+closes its JSON.
 
 The held state is simulated as a list of token ids. ``can_rewind`` is configurable; without
 rewind the engine offers checkpoints (a copy of its small "recurrent" state and the logits),
@@ -25,22 +36,40 @@ from typing import Sequence
 import numpy as np
 
 from redlite.core.byte_tokenizer import END, TOOL, USER, VOCAB_SIZE
-from redlite.engine.base import (Checkpoint, Engine, EngineError, Sampler, SamplingParams,
-                                 StateSnapshot)
+from redlite.engine.base import Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot
+from redlite.engine.logit_rules import NumpySampler
 
 FAIL_MARKER = b"FAIL!"
 
 
+_PREFERRED = {ord('"'): 1.0, ord("}"): 0.9, ord("]"): 0.8}
+
+
 @dataclass(frozen=True)
 class EchoLogits:
-    """The echo engine's "logits": the one token it predicts next."""
+    """The echo engine's "logits": the one token it predicts next (see :meth:`scores`)."""
 
     next_token: int
+    rest: bytes = b""  # the source bytes not echoed yet (a hint for constrained answers)
+
+    def scores(self) -> np.ndarray:
+        """float32 [VOCAB_SIZE] logits (see the module docstring)."""
+        x = -np.arange(VOCAB_SIZE, dtype=np.float32) / 1000.0
+        for token, value in _PREFERRED.items():
+            x[token] = value
+        if self.rest:
+            rest = np.frombuffer(self.rest, dtype=np.uint8)
+            x[rest] = 2.0 - rest.astype(np.float32) / 1000.0
+        x[END] = 5.0
+        x[self.next_token] = 10.0
+        return x
 
 
-class _EchoSampler(Sampler):
+class _EchoSampler(NumpySampler):
     def sample(self, logits: EchoLogits) -> int:
-        return logits.next_token
+        if not self.params.adjusts_logits and self.constraint is None and self.params.logprobs is None:
+            return logits.next_token
+        return super().sample(logits.scores())
 
 
 class EchoEngine(Engine):
@@ -59,6 +88,7 @@ class EchoEngine(Engine):
         self._held: list[int] = []
         self._source = b""
         self._generated = 0
+        self._failure_of, self._failure = b"", []
         self.lock = threading.Lock()
         # Counters the tests read: how much work the engine really did.
         self.prefill_calls = 0
@@ -80,7 +110,7 @@ class EchoEngine(Engine):
 
     def _logits(self) -> EchoLogits:
         if self._generated < len(self._source):
-            return EchoLogits(self._source[self._generated])
+            return EchoLogits(self._source[self._generated], self._source[self._generated:])
         return EchoLogits(END)
 
     def prefill(self, token_ids: Sequence[int]) -> EchoLogits:
@@ -117,10 +147,23 @@ class EchoEngine(Engine):
             raise EngineError(f"context overflow: {self.n_past} + 1 > {self.max_context}")
         if self.delay_ms:
             time.sleep(self.delay_ms / 1000.0)
+        self._generated = self._match_step(self._generated, int(token_id))
         self._held.append(int(token_id))
-        self._generated += 1
         self.decoded_tokens += 1
         return self._logits()
+
+    def _match_step(self, matched: int, token: int) -> int:
+        """Length of the longest end of (answer + ``token``) that begins the source, given
+        ``matched`` for the answer (the Knuth-Morris-Pratt automaton over the source)."""
+        source = self._source
+        if self._failure_of != source:
+            self._failure = _failure_table(source)
+            self._failure_of = source
+        if matched == len(source) and matched:
+            matched = self._failure[matched - 1]
+        while matched and source[matched] != token:
+            matched = self._failure[matched - 1]
+        return matched + 1 if matched < len(source) and source[matched] == token else matched
 
     def rewind(self, n_tokens: int) -> None:
         if not self.can_rewind:
@@ -130,8 +173,9 @@ class EchoEngine(Engine):
         del self._held[n_tokens:]
         # Like a KV cache: the state is the tokens; the next prefill recomputes the source.
 
-    def make_sampler(self, params: SamplingParams) -> Sampler:
-        return _EchoSampler()
+    def make_sampler(self, params: SamplingParams, prompt_ids: Sequence[int] = (),
+                     constraint=None) -> NumpySampler:
+        return _EchoSampler(params, prompt_ids, constraint)
 
     def snapshot(self) -> StateSnapshot:
         if self.snapshot_delay_ms:
@@ -184,3 +228,17 @@ class EchoEngine(Engine):
 
     def fingerprint(self) -> str:
         return f"echo-v1-rewind{int(self.can_rewind)}"
+
+
+def _failure_table(pattern: bytes) -> list[int]:
+    """KMP failure function: entry i is the length of the longest proper border of
+    ``pattern[:i + 1]``."""
+    table = [0] * len(pattern)
+    k = 0
+    for i in range(1, len(pattern)):
+        while k and pattern[i] != pattern[k]:
+            k = table[k - 1]
+        if pattern[i] == pattern[k]:
+            k += 1
+        table[i] = k
+    return table

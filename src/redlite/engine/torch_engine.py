@@ -152,8 +152,9 @@ class TorchEngine(Engine):
             raise EngineError(f"cannot rewind {self.n_past} tokens to {n_tokens}")
         self.state.truncate(n_tokens)
 
-    def make_sampler(self, params: SamplingParams) -> TorchSampler:
-        return TorchSampler(params, self.device)
+    def make_sampler(self, params: SamplingParams, prompt_ids: Sequence[int] = (),
+                     constraint: Any = None) -> TorchSampler:
+        return TorchSampler(params, self.device, prompt_ids, constraint)
 
     def snapshot(self) -> StateSnapshot:
         """CPU copy of the held state (``tensor_format="torch"``); ``meta`` names the model

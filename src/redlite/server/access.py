@@ -58,12 +58,17 @@ def request_id_of(scope) -> str:
 def note_event(scope, event) -> None:
     """Record a finished generation's token counts for the access log line (``event``: a
     worker :class:`~redlite.core.worker.Event`; called on the worker thread, no-op when
-    ``scope`` is None or the event is not ``done``)."""
+    ``scope`` is None or the event is not ``done``). The later choices of an ``n`` > 1 request
+    add their generated tokens."""
     if scope is None or event.kind != "done":
         return
     result = event.value
-    context_of(scope).tokens = (result.prompt_tokens, result.cached_tokens,
-                                result.completion_tokens)
+    context = context_of(scope)
+    if getattr(result, "index", 0) and context.tokens is not None:  # a later choice of n
+        prompt, reused, generated = context.tokens
+        context.tokens = (prompt, reused, generated + result.completion_tokens)
+        return
+    context.tokens = (result.prompt_tokens, result.cached_tokens, result.completion_tokens)
 
 
 class AccessMiddleware:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +22,13 @@ from starlette.middleware.cors import CORSMiddleware
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.stop import normalize_stop
 from redlite.core.tokenizer import Tokenizer, min_prompt_tokens
-from redlite.core.worker import EngineWorker, Event, Job, QueueFull, ShuttingDown
+from redlite.core.worker import EngineWorker
 from redlite.engine.base import SamplingParams
-from redlite.server.access import AccessMiddleware, context_of, note_event
+from redlite.server import completions as completions_route
+from redlite.server import sampling_fields
+from redlite.server.access import AccessMiddleware, context_of
 from redlite.server.chat_service import ChatService
-from redlite.server.errors import APIError, as_api_error, error_body, surface_of
+from redlite.server.errors import APIError, surface_of
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.openai_chat import chat_request_of, stream_chunks
 from redlite.server.openai_chat import completion_body as chat_completion_body
@@ -38,7 +39,7 @@ from redlite.server.schemas import (ChatCompletionRequest, CompletionRequest, Sa
                                     unsupported_field)
 from redlite.server.security import SecurityMiddleware, SecurityOptions, require_json
 from redlite.server.slots import mount_slot_routes
-from redlite.server.sse import completion_body, stream_events
+from redlite.server.tokenize_routes import mount_tokenize_routes
 
 log = logging.getLogger("redlite.server")
 
@@ -148,11 +149,8 @@ def create_app(state: ServerState) -> FastAPI:
         # with the served model's object, as responses name the served model
         return model_object(state.model_id)
 
-    def sampling_of(body: SamplingFields) -> SamplingParams:
-        return SamplingParams(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0, seed=body.seed)
+    def sampling_of(body: SamplingFields, chat: bool) -> SamplingParams:
+        return sampling_fields.sampling_of(body, state.tokenizer.vocab_size, chat)
 
     def stops_of(body: SamplingFields) -> list[str]:
         try:
@@ -170,7 +168,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _parse(request, ChatCompletionRequest)
-        chat_request = chat_request_of(body, sampling_of(body), stops_of(body),
+        chat_request = chat_request_of(body, sampling_of(body, chat=True), stops_of(body),
                                        f"chatcmpl-{context_of(request.scope).hex}")
         stream = await state.chat.start(chat_request, request)
         if body.stream:
@@ -205,45 +203,15 @@ def create_app(state: ServerState) -> FastAPI:
             if any(t < 0 or t >= state.tokenizer.vocab_size for t in ids):
                 raise APIError(400, f"token ids must be in [0, {state.tokenizer.vocab_size})", "prompt")
         check_length(ids, "prompt")
-        generation = GenerationRequest(ids, body.max_tokens, sampling_of(body), stop, [],
-                                       f"cmpl-{context_of(request.scope).hex}")
-        return await _serve(request, body, generation, chat=False)
-
-    async def _serve(request: Request, body: SamplingFields, generation: GenerationRequest,
-                     chat: bool) -> Any:
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def deliver(event: Event) -> None:
-            note_event(request.scope, event)  # token counts for the access log
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        job = Job(generation, deliver)
-        try:
-            state.worker.submit(job)
-        except QueueFull:
-            raise APIError(503, "server busy", None, "server_busy",
-                           {"Retry-After": str(state.retry_after_s)}) from None
-        except ShuttingDown:
-            raise APIError(503, "server is shutting down", None, "shutting_down") from None
-        first = await _first_event(request, job, events)
-        if first is None:
-            return JSONResponse(error_body(499, "client closed the request"), status_code=499)
-        if first.kind == "error":
-            raise as_api_error(first.value)
-        meta = {"id": generation.request_id, "created": int(time.time()), "model": state.model_id,
-                "chat": chat, "prompt_tokens": len(generation.prompt_ids)}
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_events(events, job, meta, include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await _collect(request, job, events, meta)
+        generation = GenerationRequest(ids, body.max_tokens, sampling_of(body, chat=False), stop, [],
+                                       f"cmpl-{context_of(request.scope).hex}", n=body.n or 1)
+        return await completions_route.serve(state, request, body, generation)
 
     mount_slot_routes(app, state)
     mount_anthropic_routes(app, state)
     mount_responses_routes(app, state)
     install_openapi(app, state)
+    mount_tokenize_routes(app, state)
     return app
 
 
@@ -273,49 +241,6 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
         name, what = unsupported
         raise APIError(400, f"{what} is not supported by this server", name, "unsupported_field")
     return parsed
-
-
-async def _watch_disconnect(request: Request, job: Job) -> None:
-    """Cancel ``job`` when the client closes its connection (the body is already read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel()
-            return
-
-
-async def _first_event(request: Request, job: Job, events: asyncio.Queue) -> Event | None:
-    """Wait until the job starts (or fails); None when the client left while it waited."""
-    watcher = asyncio.ensure_future(_watch_disconnect(request, job))
-    getter = asyncio.ensure_future(events.get())
-    try:
-        await asyncio.wait({watcher, getter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if getter.done():
-        return getter.result()
-    getter.cancel()
-    return None
-
-
-async def _collect(request: Request, job: Job, events: asyncio.Queue, meta: dict) -> Any:
-    watcher = asyncio.ensure_future(_watch_disconnect(request, job))
-    pieces: list[str] = []
-    try:
-        while True:
-            event = await events.get()
-            if event.kind == "output":
-                pieces.append(event.value.value)
-            elif event.kind == "done":
-                if event.value.finish_reason == "cancelled":
-                    # the client is still here, so the server is stopping: the answer is cut
-                    raise APIError(503, "server is shutting down; the answer was cut off",
-                                   None, "shutting_down")
-                return completion_body(meta, "".join(pieces), event.value)
-            elif event.kind == "error":
-                raise as_api_error(event.value)
-    finally:
-        watcher.cancel()
 
 
 __all__ = ["ServerState", "create_app", "GenerationResult"]

@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
+from redlite.core.constraints import ConstraintError, ConstraintSpec, build_constraint
+from redlite.core.grammar import check_constraint
 from redlite.core.chat_render import detect_formats, forced_opening, render_request, tool_schemas
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.tokenizer import PromptTooLong, min_prompt_tokens
@@ -73,11 +75,27 @@ class PreparedChat:
     prompt_text: str
 
 
+@dataclass
+class ChoiceEnd:
+    """Yielded by a :class:`ChatStream` of ``n`` > 1 choices after each choice but the last:
+    the events that follow belong to choice ``index + 1``."""
+
+    index: int
+    result: ChatResult
+
+
 class ChatStream:
     """A running chat generation. Iterate for :class:`OutputEvent` s; then read ``result``.
-    ``cancel()`` stops the generation at the next token (call it when the client leaves)."""
+    ``cancel()`` stops the generation at the next token (call it when the client leaves).
 
-    def __init__(self, job: Job, events: asyncio.Queue, prepared: PreparedChat) -> None:
+    With ``n`` > 1 the choices come one after another, a :class:`ChoiceEnd` between two;
+    ``results`` holds every choice's result, ``result`` the last one. With logprobs,
+    ``logprobs[i]`` holds choice i's :class:`~redlite.engine.base.TokenLogprob` records and
+    :meth:`take_logprobs` those not yet sent (for the next streamed chunk); ``token_texts``
+    names the tokens (:class:`redlite.server.logprobs.TokenTexts`)."""
+
+    def __init__(self, job: Job, events: asyncio.Queue, prepared: PreparedChat,
+                 token_texts: Any = None) -> None:
         self._job = job
         self._events = events
         self.prepared = prepared
@@ -85,6 +103,17 @@ class ChatStream:
         self.prompt_tokens = len(prepared.generation.prompt_ids)
         self.created = int(time.time())
         self.result: ChatResult | None = None
+        self.n = max(1, prepared.generation.n)
+        self.index = 0
+        self.results: list[ChatResult] = []
+        self.logprobs: list[list] = [[] for _ in range(self.n)]
+        self._pending: list = []
+        self.token_texts = token_texts
+
+    def take_logprobs(self) -> list:
+        """The logprob records that arrived since the last call."""
+        taken, self._pending = self._pending, []
+        return taken
 
     def cancel(self) -> None:
         self._job.cancel()
@@ -92,11 +121,14 @@ class ChatStream:
     def __aiter__(self) -> AsyncIterator[OutputEvent]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[OutputEvent]:
-        while self.result is None:
+    async def _iterate(self) -> AsyncIterator[OutputEvent | ChoiceEnd]:
+        while len(self.results) < self.n:
             event: Event = await self._events.get()
             if event.kind == "output":
                 yield event.value
+            elif event.kind == "logprob":
+                self.logprobs[self.index].append(event.value)
+                self._pending.append(event.value)
             elif event.kind == "done":
                 generation: GenerationResult = event.value
                 if generation.finish_reason == "cancelled":
@@ -105,6 +137,10 @@ class ChatStream:
                 self.result = ChatResult(generation.output, Usage(
                     generation.prompt_tokens, generation.completion_tokens,
                     generation.cached_tokens), generation)
+                self.results.append(self.result)
+                if len(self.results) < self.n:
+                    yield ChoiceEnd(self.index, self.result)
+                    self.index += 1
             elif event.kind == "error":
                 raise as_api_error(event.value)
 
@@ -199,14 +235,18 @@ class ChatService:
             raise render_error(request.request_id, error) from None
         parse_tools = bool(request.tools) and request.tool_choice != "none"
         fmt = self.tool_format if parse_tools else None
-        prefix = forced_opening(self.tool_format, request.tool_choice, request.tools) if fmt else ""
+        start_in_reasoning = bool(self.reasoning_format) and rendered.text.rstrip().endswith("<think>")
+        constraint = self.constraint_of(request, fmt, start_in_reasoning)
+        forced = constraint is not None and constraint.kind == "tool_call"
+        prefix = forced_opening(self.tool_format, request.tool_choice, request.tools) \
+            if fmt and not forced else ""
         ids = list(rendered.token_ids)
         if prefix:
             ids += self._encode_plain(prefix)
         text = rendered.text + prefix
         parse = ParseOptions(
             tool_format=fmt, reasoning=self.reasoning_format,
-            start_in_reasoning=bool(self.reasoning_format) and rendered.text.rstrip().endswith("<think>"),
+            start_in_reasoning=start_in_reasoning,
             schemas=tool_schemas(request.tools), prefix=prefix,
             max_calls=None if request.parallel_tool_calls else 1)
         if not ids:
@@ -214,9 +254,38 @@ class ChatService:
         if len(ids) > self.max_context:
             raise APIError(400, f"the prompt has {len(ids)} tokens, more than the context of "
                            f"{self.max_context} tokens", "messages", "context_length_exceeded")
-        generation = GenerationRequest(ids, request.max_tokens, request.sampling, list(request.stop),
-                                       list(rendered.message_ends), request.request_id, parse=parse)
+        sampling = replace(request.sampling, constraint=constraint,
+                           logprobs=request.logprobs if request.logprobs is not None
+                           else request.sampling.logprobs)
+        generation = GenerationRequest(ids, request.max_tokens, sampling, list(request.stop),
+                                       list(rendered.message_ends), request.request_id, parse=parse,
+                                       n=max(1, request.n))
         return PreparedChat(generation, parse, text)
+
+    def constraint_of(self, request: ChatRequest, tool_format: str | None,
+                      start_in_reasoning: bool) -> ConstraintSpec | None:
+        """The output grammar (:func:`redlite.core.constraints.build_constraint`): forced calls
+        for ``required`` / a named function, a lazy call grammar for ``auto`` with tools, the
+        ``response_format`` JSON; reasoning may come first when the model reasons (unless
+        ``enable_thinking`` is false). 400 naming the field when it cannot be built (an invalid
+        schema, say), except for the ``auto`` call grammar, which is then left out (logged)."""
+        thinking = bool(self.reasoning_format) and request.template_kwargs.get("enable_thinking") is not False
+        reasoning = "open" if start_in_reasoning else "optional" if thinking else "none"
+        try:
+            spec = build_constraint(request.response_format, request.tools if tool_format else [],
+                                    request.tool_choice, tool_format,
+                                    parallel_tool_calls=request.parallel_tool_calls,
+                                    reasoning=reasoning)
+            if spec is not None:
+                check_constraint(spec, self.tokenizer)
+        except ConstraintError as error:
+            if request.tool_choice == "auto" and not request.response_format:
+                # only the optional call grammar failed: answer unconstrained rather than refuse
+                log.warning("%s tool-call grammar not usable, calls unconstrained: %s",
+                            request.request_id, error)
+                return None
+            raise APIError(400, str(error), error.param) from None
+        return spec
 
     def _encode_plain(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(text)
@@ -264,4 +333,9 @@ class ChatService:
         first: Event = getter.result()
         if first.kind == "error":
             raise as_api_error(first.value)
-        return ChatStream(job, events, prepared)
+        texts = None
+        if prepared.generation.sampling.logprobs is not None:  # the first use takes ~1 s
+            from redlite.server.logprobs import TokenTexts
+
+            texts = await asyncio.to_thread(TokenTexts, self.tokenizer)
+        return ChatStream(job, events, prepared, texts)

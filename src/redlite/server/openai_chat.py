@@ -21,7 +21,8 @@ from typing import Any, AsyncIterator
 
 from redlite.core.chat import ChatRequest, OutputEvent
 from redlite.engine.base import SamplingParams
-from redlite.server.chat_service import ChatResult, ChatStream, Usage
+from redlite.server.chat_service import ChatResult, ChatStream, ChoiceEnd, Usage
+from redlite.server.logprobs import chat_logprobs, choices_usage
 from redlite.server.errors import APIError, as_api_error
 from redlite.server.schemas import ChatCompletionRequest
 
@@ -67,7 +68,7 @@ def chat_request_of(body: ChatCompletionRequest, sampling: SamplingParams, stop:
                        template_kwargs=kwargs,
                        max_tokens=body.max_completion_tokens or body.max_tokens,
                        sampling=sampling, stop=stop, response_format=response_format,
-                       request_id=request_id)
+                       logprobs=sampling.logprobs, n=body.n or 1, request_id=request_id)
 
 
 def usage_of(usage: Usage) -> dict:
@@ -82,7 +83,16 @@ def _envelope(stream: ChatStream, model: str, kind: str) -> dict:
 
 
 def completion_body(stream: ChatStream, model: str, result: ChatResult) -> dict:
-    """The ``chat.completion`` object."""
+    """The ``chat.completion`` object (``choices``: one per result of ``stream``, usage summed
+    over them; see :func:`redlite.server.logprobs.choices_usage`)."""
+    results = stream.results or [result]
+    body = _envelope(stream, model, "chat.completion")
+    body["choices"] = [_choice(stream, i, r) for i, r in enumerate(results)]
+    body["usage"] = usage_of(choices_usage([r.usage for r in results]))
+    return body
+
+
+def _choice(stream: ChatStream, index: int, result: ChatResult) -> dict:
     out = result.output
     message: dict[str, Any] = {"role": "assistant",
                                "content": out.content if out.content or not out.tool_calls else None}
@@ -93,11 +103,11 @@ def completion_body(stream: ChatStream, model: str, result: ChatResult) -> dict:
         message["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments}}
                                  for c in out.tool_calls]
-    body = _envelope(stream, model, "chat.completion")
-    body["choices"] = [{"index": 0, "message": message, "logprobs": None,
-                        "finish_reason": out.finish_reason}]
-    body["usage"] = usage_of(result.usage)
-    return body
+    logprobs = None
+    if stream.token_texts is not None:
+        logprobs = chat_logprobs(stream.logprobs[index], stream.token_texts)
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": out.finish_reason}
 
 
 def delta_of(event: OutputEvent) -> dict:
@@ -122,15 +132,23 @@ def _sse(obj: dict) -> bytes:
 async def stream_chunks(stream: ChatStream, model: str, include_usage: bool) -> AsyncIterator[bytes]:
     """SSE bytes of one running chat stream; a disconnect cancels the generation."""
 
-    def chunk(delta: dict, finish: str | None = None) -> bytes:
+    def chunk(delta: dict, finish: str | None = None, index: int | None = None) -> bytes:
         body = _envelope(stream, model, "chat.completion.chunk")
-        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        logprobs = None
+        if stream.token_texts is not None:
+            logprobs = chat_logprobs(stream.take_logprobs(), stream.token_texts)
+        body["choices"] = [{"index": stream.index if index is None else index, "delta": delta,
+                            "logprobs": logprobs, "finish_reason": finish}]
         return _sse(body)
 
     try:
         yield chunk({"role": "assistant", "content": ""})
         try:
             async for event in stream:
+                if isinstance(event, ChoiceEnd):  # n > 1: close this choice, open the next
+                    yield chunk({}, event.result.output.finish_reason, event.index)
+                    yield chunk({"role": "assistant", "content": ""}, None, event.index + 1)
+                    continue
                 yield chunk(delta_of(event))
         except APIError as error:
             yield _sse(error.body())
@@ -145,7 +163,7 @@ async def stream_chunks(stream: ChatStream, model: str, include_usage: bool) -> 
         if include_usage:
             body = _envelope(stream, model, "chat.completion.chunk")
             body["choices"] = []
-            body["usage"] = usage_of(result.usage)
+            body["usage"] = usage_of(choices_usage([r.usage for r in stream.results or [result]]))
             yield _sse(body)
         yield b"data: [DONE]\n\n"
     finally:

@@ -1,7 +1,9 @@
 """Request bodies of the OpenAI API (chat completions, legacy completions), validated by pydantic.
 
-Field meanings follow the OpenAI API reference; ``top_k`` and ``min_p`` are the llama.cpp/vLLM
-extensions. Types are strict, as the OpenAI API's are: ``"stream": "yes"``,
+Field meanings follow the OpenAI API reference; ``top_k``, ``min_p`` and ``repetition_penalty``
+are the llama.cpp/vLLM extensions. ``logprobs`` is a boolean for chat (with ``top_logprobs``)
+and an integer (alternatives per token) for legacy completions; see
+:mod:`redlite.server.sampling_fields`. Types are strict, as the OpenAI API's are: ``"stream": "yes"``,
 ``"max_tokens": "10"`` or ``"prompt": [true]`` are 400s, never coerced (an integer is accepted
 where a number is expected). Fields other OpenAI-compatible servers accept without effect
 (``user``, ``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``...) are accepted and ignored. Standard fields this server does not
@@ -53,16 +55,9 @@ class Unsupported:
 
 
 UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
-    "logprobs": Unsupported((None, False), "logprobs"),
-    "top_logprobs": Unsupported((None, 0), "top_logprobs"),
     "echo": Unsupported((None, False), "echo"),
     "best_of": Unsupported((None, 1), "best_of"),
     "suffix": Unsupported((None, ""), "suffix"),
-    "n": Unsupported((None, 1), "n > 1"),
-    "logit_bias": Unsupported((None, {}), "logit_bias"),
-    "presence_penalty": Unsupported((None, 0), "presence_penalty"),
-    "frequency_penalty": Unsupported((None, 0), "frequency_penalty"),
-    "response_format": Unsupported((None, {"type": "text"}), "response_format"),
     "functions": Unsupported((None, []), "functions (function calling)"),
     "function_call": Unsupported((None, "none", "auto"), "function_call"),
 }
@@ -102,6 +97,12 @@ def unsupported_field(body: BaseModel) -> tuple[str, str] | None:
 def unsupported_json_schema(name: str) -> dict:
     """The JSON schema of the values field ``name`` accepts today (its "off" values)."""
     return {"enum": list(UNSUPPORTED_FIELDS[name].off)}
+
+
+MAX_CHOICES = 16
+"""Most choices (``n``) one request may ask for (they run one after another)."""
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token for ``top_logprobs`` / completions ``logprobs`` (as vLLM)."""
 
 
 class TextPart(BaseModel):
@@ -220,15 +221,16 @@ class SamplingFields(BaseModel):
     top_k: int_in(ge=-1) | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int_in(ge=SEED_MIN, le=SEED_MAX) | None = None
-    n: int_in(ge=1) | None = None
+    n: int_in(ge=1, le=MAX_CHOICES) | None = None
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     logprobs: StrictBool | JSONInt | None = None
-    top_logprobs: int_in(ge=0, le=20) | None = None
+    top_logprobs: int_in(ge=0, le=MAX_TOP_LOGPROBS) | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
 
 
 class ChatCompletionRequest(SamplingFields):
