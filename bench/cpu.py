@@ -207,8 +207,12 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=2048)
     parser.add_argument("--llama-bench")
     parser.add_argument("--save", action="store_true")
+    parser.add_argument("--report", type=Path, help="only re-render the markdown of a saved JSON result")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.report:
+        args.report.with_suffix(".md").write_text(markdown(json.loads(args.report.read_text())))
+        return None
     if args.child:
         return child(args.child, args.ctx, args.threads, args.prompt, args.gen, args.reps)
 
@@ -262,7 +266,11 @@ def markdown(run: dict) -> str:
     mb = 1e6
     lines = [f"# CPU: redlite (--int4-decode) vs llama.cpp ({run['date']})", "",
              f"{run['cpu']}, {run['cores']} cores, {run['threads']} threads each; redlite ctx {run['ctx']}. "
-             "A shared machine: other jobs ran alongside (load average per model below).", ""]
+             "A shared machine: other jobs ran alongside (load average per model below); llama.cpp's "
+             "and torch's 2-thread barriers stall when a thread is descheduled, so every figure here is "
+             "far below an idle machine's. Peak resident memory is the comparable figure: redlite's "
+             "packed weights are memory-mapped from its cache and count only once touched, so its "
+             "'after load' figure is a lower bound.", ""]
     for name, e in run["models"].items():
         ours, theirs = e["redlite"], e["llama_cpp"]
         lines += [f"## {name} ({e['gguf_bytes'] / mb:.0f} MB GGUF)", "",
