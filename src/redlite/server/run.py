@@ -75,7 +75,8 @@ def build_engine(args: argparse.Namespace):
                             snapshot_delay_ms=args.echo_snapshot_delay_ms)
         return engine, ByteTokenizer()
     from redlite.engine.factory import load_engine
-    return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype)
+    return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype,
+                       int4_decode=args.int4_decode)
 
 
 class _Server(uvicorn.Server):
