@@ -18,10 +18,12 @@ def default_device() -> str:
 
 
 def load_engine(model: str | None, ctx_size: int | None = None, device: str | None = None,
-                dtype: str | None = None):
+                dtype: str | None = None, int4_decode: bool = False):
     """(TorchEngine, HFTokenizer) for ``model``: a GGUF file (converted once into a cached
     Hugging Face directory) or a Hugging Face directory; None means the bundled
     SmolLM2-135M-Instruct. dtype: float32 on CPU and bfloat16 on CUDA unless given.
+    int4_decode: GGUF 4-bit weights stay quantized and decode through the CPU int4 kernel
+    (see :func:`redlite.loading.hf.load_hf_model`).
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture."""
     import torch
 
@@ -38,9 +40,14 @@ def load_engine(model: str | None, ctx_size: int | None = None, device: str | No
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     model_id = source.stem if source.is_file() else source.name
     engine = TorchEngine.from_pretrained(model_dir, ctx_size=ctx_size, device=device,
-                                         dtype=torch_dtype, model_id=model_id)
+                                         dtype=torch_dtype, model_id=model_id,
+                                         int4_decode=int4_decode)
     tokenizer = load_tokenizer(model_dir)
-    parameters = sum(p.numel() for p in engine.model.parameters())
+    from redlite.layers.linear import Linear
+
+    linears = {id(m): m for m in engine.model.modules() if isinstance(m, Linear)}.values()
+    parameters = (sum(p.numel() for p in engine.model.parameters())
+                  + sum(m.in_features * m.out_features for m in linears if m.weight is None))
     log.info("model %s: %.1fM parameters, context %d tokens, device %s, dtype %s, "
              "loaded in %.2f s (from %s)", model_id, parameters / 1e6, engine.max_context,
              device, str(torch_dtype).removeprefix("torch."), time.perf_counter() - started, source)
