@@ -6,10 +6,10 @@ For each model it runs, one after the other in fresh processes:
 
 * llama.cpp's ``llama-bench`` (``-p PROMPT -n GEN -t THREADS -r REPS -o json``): prefill and
   decode tokens/s; its peak resident memory from ``wait4``;
-* redlite's engine (``--child``, with ``--int4-decode``: weights quantized in memory): resident memory after load, prefill tokens/s at PROMPT
+* redlite's engine (``--child``): resident memory after load, prefill tokens/s at PROMPT
   random token ids from an empty state, decode tokens/s over GEN greedy steps after a
   16-token prompt (mean over REPS), peak resident memory;
-* ``redlite serve --int4-decode`` twice: process start to ``/health`` answering (the second start uses the
+* ``redlite serve`` twice: process start to ``/health`` answering (the second start uses the
   caches the first made).
 
 Models: ``bundled`` (SmolLM2-135M Q4_1) and ``random-1.5b`` (a 1.5 B-class llama shape with
@@ -105,7 +105,7 @@ def child(model: str, ctx: int, threads: int, prompt: int, gen: int, reps: int) 
     from redlite.engine.factory import load_engine
 
     started = time.perf_counter()
-    engine, _ = load_engine(model, ctx_size=ctx, device="cpu", int4_decode=True)
+    engine, _ = load_engine(model, ctx_size=ctx, device="cpu")
     load_s = time.perf_counter() - started
     rss_after_load = _rss()
     rng = random.Random(0)
@@ -147,7 +147,7 @@ def cold_start(model: Path, ctx: int, port: int) -> float:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "redlite.cli", "serve", "--model", str(model), "--port", str(port),
-                             "--ctx-size", str(ctx), "--int4-decode"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--ctx-size", str(ctx)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while True:
             if proc.poll() is not None:
@@ -207,12 +207,8 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=2048)
     parser.add_argument("--llama-bench")
     parser.add_argument("--save", action="store_true")
-    parser.add_argument("--report", type=Path, help="only re-render the markdown of a saved JSON result")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.report:
-        args.report.with_suffix(".md").write_text(markdown(json.loads(args.report.read_text())))
-        return None
     if args.child:
         return child(args.child, args.ctx, args.threads, args.prompt, args.gen, args.reps)
 
@@ -230,8 +226,7 @@ def main() -> None:
         theirs = llama_cpp(bench, path, args.threads, args.prompt, args.gen, args.reps)
         gguf_bytes = path.stat().st_size
         entry = {
-            "gguf_bytes": gguf_bytes, "prompt_tokens": args.prompt, "decode_tokens": args.gen, "reps": args.reps,
-            "load_average": load_average(), "redlite": ours, "llama_cpp": theirs,
+            "gguf_bytes": gguf_bytes, "redlite": ours, "llama_cpp": theirs,
             "cold_start_s": {"first": starts[0], "second": starts[1]},
             "decode_ratio_vs_llama_cpp": ours["decode_tps"] / theirs["decode_tps"],
             "prefill_ratio_vs_llama_cpp": ours["prefill_tps"] / theirs["prefill_tps"],
@@ -246,10 +241,6 @@ def main() -> None:
     if args.save:
         stem = f"cpu-{run['date'][:10]}-{re.sub(r'[^A-Za-z0-9]+', '-', run['machine'])[:40]}"
         out = ROOT / "bench" / "results"
-        if (out / f"{stem}.json").exists():  # another run of the same day: its other models stay
-            earlier = json.loads((out / f"{stem}.json").read_text())
-            run["models"] = {**earlier.get("models", {}), **run["models"]}
-            report = markdown(run)
         (out / f"{stem}.json").write_text(json.dumps(run, indent=1) + "\n")
         (out / f"{stem}.md").write_text(report)
         print(f"saved bench/results/{stem}.md and .json")
@@ -264,22 +255,18 @@ def _cpu_name() -> str:
 
 def markdown(run: dict) -> str:
     mb = 1e6
-    lines = [f"# CPU: redlite (--int4-decode) vs llama.cpp ({run['date']})", "",
-             f"{run['cpu']}, {run['cores']} cores, {run['threads']} threads each; redlite ctx {run['ctx']}. "
-             "A shared machine: other jobs ran alongside (load average per model below); llama.cpp's "
-             "and torch's 2-thread barriers stall when a thread is descheduled, so every figure here is "
-             "far below an idle machine's. Peak resident memory is the comparable figure: redlite's "
-             "packed weights are memory-mapped from its cache and count only once touched, so its "
-             "'after load' figure is a lower bound.", ""]
+    lines = [f"# CPU: redlite vs llama.cpp ({run['date']})", "",
+             f"{run['cpu']}, {run['cores']} cores, {run['threads']} threads each; prefill of "
+             f"{run['prompt_tokens']} tokens, {run['decode_tokens']} decode tokens, mean of {run['reps']} runs; "
+             f"redlite ctx {run['ctx']}. Load average {run['load_average_start']} at the start, "
+             f"{run['load_average_end']} at the end (a shared machine: other jobs ran alongside).", ""]
     for name, e in run["models"].items():
         ours, theirs = e["redlite"], e["llama_cpp"]
         lines += [f"## {name} ({e['gguf_bytes'] / mb:.0f} MB GGUF)", "",
-                  f"Prefill of {e['prompt_tokens']} tokens, {e['decode_tokens']} decode tokens, mean of "
-                  f"{e['reps']} runs; load average {e['load_average']} when done.", "",
                   "| figure | redlite | llama.cpp | ratio |", "|---|---|---|---|",
                   f"| decode tokens/s | {ours['decode_tps']:.1f} | {theirs['decode_tps']:.1f} | "
                   f"{e['decode_ratio_vs_llama_cpp']:.2f}x |",
-                  f"| prefill tokens/s ({e['prompt_tokens']}) | {ours['prefill_tps']:.1f} | {theirs['prefill_tps']:.1f} | "
+                  f"| prefill tokens/s ({run['prompt_tokens']}) | {ours['prefill_tps']:.1f} | {theirs['prefill_tps']:.1f} | "
                   f"{e['prefill_ratio_vs_llama_cpp']:.2f}x |",
                   f"| peak resident MB | {ours['peak_rss_bytes'] / mb:.0f} | {theirs['peak_rss_bytes'] / mb:.0f} | "
                   f"{e['rss_ratio_vs_llama_cpp']:.2f}x |",

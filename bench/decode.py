@@ -98,18 +98,8 @@ class TransformersRunner:
         from transformers import AutoModelForCausalLM
 
         self.ids, self.n_decode = ids, n_decode
-        if (directory / "model.gguf").exists():  # a converted GGUF: the weights stay in the GGUF
-            from transformers import AutoConfig
-
-            from redlite.loading.gguf_tensors import dequantized_weights
-
-            config = AutoConfig.from_pretrained(directory)
-            self.model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
-            self.model.load_state_dict(dequantized_weights(directory), strict=False)
-            self.model.tie_weights()
-        else:
-            self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype,
-                                                              attn_implementation="sdpa").eval()
+        self.model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype,
+                                                          attn_implementation="sdpa").eval()
         self.generate(2)  # warm-up
 
     def generate(self, n_new: int) -> tuple[float, list[int]]:

@@ -59,9 +59,12 @@ def smol_tokenizer(converted_dir: Path) -> HFTokenizer:
 def _dequantized_tensors(directory: Path) -> dict[str, torch.Tensor]:
     """Every weight of a converted directory's linked GGUF, dequantized to float32 by
     ``gguf.quants`` (the reference values), by Hugging Face name."""
-    from redlite.loading.gguf_tensors import dequantized_weights
+    from redlite.loading.gguf_tensors import GGUFTensors
 
-    return dequantized_weights(directory)
+    config = json.loads((directory / "config.json").read_text())
+    tensors = GGUFTensors(directory / "model.gguf", config)
+    return {name: torch.from_numpy(v.dequantize()) if hasattr(v, "int4_parts") else v
+            for name, v in tensors.items()}
 
 
 def _transformers_model(directory: Path, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:

@@ -8,9 +8,7 @@ Tolerances (stated per path, measured on the bundled model, justified by the ari
 * Prefill (more than ``KERNEL_MAX_ROWS`` rows): the float32 product of those exact weights,
   so the logits equal the float32-dequantized reference model's up to summation order
   (``atol 1e-4``; measured 0).
-* The default (``int4_decode`` off): weights held dequantized in float32, every product is
-  the reference's (``atol 1e-4``).
-* Decode with ``int4_decode`` (the int4 kernel): activations and scales are rounded to bfloat16 (relative 2**-9
+* Decode (the int4 kernel): activations and scales are rounded to bfloat16 (relative 2**-9
   each) in every product of 30 layers; the logits stay within ``0.35 x`` the reference
   logits' standard deviation (measured at most 0.28) and the greedy token is the same.
 """
@@ -115,29 +113,26 @@ def test_linear_dequantizes_what_has_no_kernel() -> None:
 def test_bundled_model_parity_with_float32_reference(tmp_path) -> None:
     from redlite.loading.bundled import bundled_model_path
     from redlite.loading.gguf import resolve_model_dir
-    from redlite.loading.gguf_tensors import dequantized_weights
+    from redlite.loading.gguf_tensors import GGUFTensors
     from redlite.loading.hf import load_hf_model, weight_formats
     from redlite.models.llama import LlamaModel
 
     directory = resolve_model_dir(bundled_model_path())
     config = json.loads((directory / "config.json").read_text())
-    model, _ = load_hf_model(directory, "cpu", torch.float32, int4_decode=True)
+    model, _ = load_hf_model(directory, "cpu", torch.float32)
     assert weight_formats(model) == {"Q4_1:int4": 120, "Q8_0:int4": 1}
-    default, _ = load_hf_model(directory, "cpu", torch.float32)  # float32 products by default
-    assert weight_formats(default) == {"Q4_1:dequantized": 120, "Q8_0:dequantized": 1}
-    dense = dequantized_weights(directory)
+    dense = {name: torch.from_numpy(v.dequantize()) if hasattr(v, "int4_parts") else v
+             for name, v in GGUFTensors(directory / "model.gguf", config).items()}
     reference = LlamaModel(config)
     reference.load_hf_weights(dense)
     ids = torch.tensor([1, 9690, 198, 2683, 359, 253, 5356, 5646, 2, 198, 1, 4093, 198, 1780, 314, 260,
                         3575, 282, 4649, 47, 2, 198])
     with torch.inference_mode():
         got = model(ids, model.new_state(64, "cpu", torch.float32), all_logits=True)
-        want_all = reference(ids, reference.new_state(64, "cpu", torch.float32), all_logits=True)
-        torch.testing.assert_close(got, want_all, atol=1e-4, rtol=0)
+        want = reference(ids, reference.new_state(64, "cpu", torch.float32), all_logits=True)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
         state, ref_state = model.new_state(64, "cpu", torch.float32), reference.new_state(64, "cpu", torch.float32)
         for token in ids:
             got, want = model(token[None], state), reference(token[None], ref_state)
             assert (got - want).abs().max() <= 0.35 * want.std()
             assert int(got.argmax()) == int(want.argmax())
-        torch.testing.assert_close(default(ids, default.new_state(64, "cpu", torch.float32), all_logits=True),
-                                   want_all, atol=1e-4, rtol=0)

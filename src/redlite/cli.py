@@ -56,10 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ctx-size", type=int, default=None,
                        help="context length in tokens (default: the model's, capped at 8192 on CPU)")
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    serve.add_argument("--int4-decode", action="store_true",
-                       help="CPU: keep GGUF 4-bit weights (Q4_0/Q4_1/Q8_0/Q4_K/Q5_K) quantized and decode "
-                            "through torch's int4 kernel: about a quarter of the memory and faster, with "
-                            "bfloat16-rounded products (greedy text may differ from the float32 default)")
     serve.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                        help="weights and state dtype (default: float32 on CPU, bfloat16 on CUDA)")
     serve.add_argument("--max-body-mib", type=float, default=8.0, help="largest request body (413 above)")

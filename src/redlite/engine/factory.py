@@ -18,12 +18,10 @@ def default_device() -> str:
 
 
 def load_engine(model: str | None, ctx_size: int | None = None, device: str | None = None,
-                dtype: str | None = None, int4_decode: bool = False):
+                dtype: str | None = None):
     """(TorchEngine, HFTokenizer) for ``model``: a GGUF file (converted once into a cached
     Hugging Face directory) or a Hugging Face directory; None means the bundled
     SmolLM2-135M-Instruct. dtype: float32 on CPU and bfloat16 on CUDA unless given.
-    int4_decode: GGUF 4-bit weights stay quantized and decode through the CPU int4 kernel
-    (see :func:`redlite.loading.hf.load_hf_model`).
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture."""
     import torch
 
@@ -40,8 +38,7 @@ def load_engine(model: str | None, ctx_size: int | None = None, device: str | No
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     model_id = source.stem if source.is_file() else source.name
     engine = TorchEngine.from_pretrained(model_dir, ctx_size=ctx_size, device=device,
-                                         dtype=torch_dtype, model_id=model_id,
-                                         int4_decode=int4_decode)
+                                         dtype=torch_dtype, model_id=model_id)
     tokenizer = load_tokenizer(model_dir)
     from redlite.layers.linear import Linear
 

@@ -13,7 +13,6 @@ import torch
 from redlite.engine.base import Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot
 from redlite.engine.fingerprint import weights_fingerprint
 from redlite.engine.sampling import TorchSampler
-from redlite.layers.linear import exact_products
 
 CPU_MAX_CONTEXT = 8192
 
@@ -75,14 +74,13 @@ class TorchEngine(Engine):
     @classmethod
     def from_pretrained(cls, path: str | Path, ctx_size: int | None = None,
                         device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                        model_id: str | None = None, int4_decode: bool = False, **kwargs: Any) -> "TorchEngine":
+                        model_id: str | None = None, **kwargs: Any) -> "TorchEngine":
         """Load a Hugging Face directory (``config.json`` + safetensors) into an engine.
-        ``model_id`` defaults to the directory name; ``int4_decode`` as in
-        :func:`~redlite.loading.hf.load_hf_model`. Raises what
+        ``model_id`` defaults to the directory name. Raises what
         :func:`redlite.loading.hf.load_hf_model` raises."""
         from redlite.loading.hf import load_hf_model
 
-        model, _config = load_hf_model(path, device, dtype, int4_decode=int4_decode)
+        model, _config = load_hf_model(path, device, dtype)
         return cls(model, model_id=model_id or Path(path).name, ctx_size=ctx_size,
                    device=device, dtype=dtype, **kwargs)
 
@@ -107,7 +105,7 @@ class TorchEngine(Engine):
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             raise EngineError(f"token id out of range [0, {self.vocab_size})")
         ids = ids.to(self.device)
-        with torch.inference_mode(), exact_products():
+        with torch.inference_mode():
             for begin in range(0, n_new, self.prefill_chunk):
                 logits = self.model(ids[begin:begin + self.prefill_chunk], self.state)
         return logits[0].clone()  # a normal tensor (not an inference one): callers may edit it

@@ -13,11 +13,9 @@ CPU, see :mod:`redlite.layers.quant_int4`), chosen at load from what the weights
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import os
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -63,22 +61,6 @@ def linear_kernel(device: torch.device | str | None, dtype: torch.dtype | None) 
     return F.linear
 
 
-_EXACT = contextvars.ContextVar("redlite_exact_products", default=False)
-
-
-@contextlib.contextmanager
-def exact_products() -> Iterator[None]:
-    """Within this context quantized layers multiply with their float32-dequantized weights
-    whatever the row count (the engine's prefill, so a prompt's logits and KV entries do not
-    depend on how it was split into calls; outside, one-token decode steps use the faster,
-    bfloat16-rounded int4 kernel)."""
-    token = _EXACT.set(True)
-    try:
-        yield
-    finally:
-        _EXACT.reset(token)
-
-
 class Linear(nn.Module):
     """``y = x @ W.T + b`` owning its weight's format and kernels, so model code only calls
     ``linear(x)`` (and ``linear.rows(ids)`` for an embedding table).
@@ -108,7 +90,7 @@ class Linear(nn.Module):
     def load(self, blocks: list, bias_blocks: list | None = None) -> None:
         """Fill the weight from row blocks (see the class docstring; their rows must add up to
         ``out_features``) and the bias from ``bias_blocks`` (tensors) when the layer has one."""
-        device = self.weight.device
+        device, dtype = self.weight.device, self.weight.dtype
         quantized = [b for b in blocks if hasattr(b, "int4_parts")]
         kinds = sorted({b.qtype for b in quantized})
         if quantized and device.type == "cpu" and quant_int4.supported(self.out_features, self.in_features):
@@ -130,17 +112,6 @@ class Linear(nn.Module):
             self.format = "+".join(kinds) + ":dequantized" if kinds else "dense"
         if self.bias is not None:
             self.bias.copy_(torch.cat([b.reshape(-1) for b in bias_blocks]))
-
-    def densify(self) -> None:
-        """Replace a quantized weight by its float32-dequantized values in the layer dtype
-        (exact float32 products at every row count; the memory of a dense weight)."""
-        if self.quant is None:
-            return
-        self.weight = nn.Parameter(self.quant.dequantize(self.dtype), requires_grad=False)
-        for name in self.quant.tensors():
-            delattr(self, f"quant_{name}")
-        self.quant = None
-        self.format = self.format.replace(":int4", ":dequantized")
 
     def load_state(self, tensors: dict[str, torch.Tensor], fmt: str) -> None:
         """Restore from this layer's own ``state_dict`` entries (names without the module
@@ -164,7 +135,7 @@ class Linear(nn.Module):
         """``x`` [T, in] -> [T, out] in ``x``'s dtype."""
         if self.quant is None:
             return self.kernel(x, self.weight, self.bias)
-        out = self.quant.linear(x, self.kernel, exact=_EXACT.get())
+        out = self.quant.linear(x, self.kernel)
         return out if self.bias is None else out.add_(self.bias)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,7 @@ which produces the parts from GGUF blocks exactly). Per part it keeps:
 * ``scale`` ``[N, K // 32]`` (and one ``offset``) for :meth:`Int4Weight.dequantize`, in float16
   where that holds them exactly (the fp16 fields of Q4_0/Q4_1/Q8_0), else float32.
 
-Two products (:meth:`Int4Weight.linear` picks by row count, and always the second under
-:func:`redlite.layers.linear.exact_products`, which the engine's prefill uses):
+Two products (:meth:`Int4Weight.linear` picks by row count):
 
 * few rows (decode): the int4 kernel, activations and scales in bfloat16 (its fast path on
   AVX-512; the float32 and float16 paths are reference loops). The result differs from the
@@ -153,11 +152,11 @@ class Int4Weight:
             w.view(len(index), self.k // GROUP, GROUP).addcmul_(codes.float(), scale[index].float()[..., None])
         return w.to(dtype)
 
-    def linear(self, x: torch.Tensor, dense_linear, exact: bool = False) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, dense_linear) -> torch.Tensor:
         """``x @ W.T``: ``x`` [T, K] float -> [T, N] in ``x``'s dtype. Up to
-        :data:`KERNEL_MAX_ROWS` rows through the int4 kernel, more (or any with ``exact``)
-        through ``dense_linear(x, W_dequantized, None)``."""
-        if exact or x.shape[0] > KERNEL_MAX_ROWS:
+        :data:`KERNEL_MAX_ROWS` rows through the int4 kernel, more through
+        ``dense_linear(x, W_dequantized, None)``."""
+        if x.shape[0] > KERNEL_MAX_ROWS:
             return dense_linear(x, self.dequantize(x.dtype), None)
         xb = x.to(torch.bfloat16)
         out = None

@@ -85,15 +85,3 @@ class GGUFTensors(Mapping):
         for tensor in self._by_name.values():
             counts[tensor.tensor_type.name] = counts.get(tensor.tensor_type.name, 0) + 1
         return counts
-
-
-def dequantized_weights(directory: str | Path) -> dict[str, torch.Tensor]:
-    """Every weight of a converted GGUF directory (``model.gguf`` linked, see
-    :mod:`redlite.loading.gguf`) as float32, dequantized by ``gguf.quants``, by Hugging Face
-    name: the float32 reference (parity tests, a transformers model for comparisons)."""
-    import json
-
-    directory = Path(directory)
-    config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    return {name: torch.from_numpy(value.dequantize()) if isinstance(value, QuantizedTensor) else value
-            for name, value in GGUFTensors(directory / "model.gguf", config).items()}

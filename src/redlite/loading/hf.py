@@ -65,13 +65,11 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 
 
 def load_hf_model(path: str | Path, device: torch.device | str | None = None,
-                  dtype: torch.dtype | None = None, int4_decode: bool = False):
+                  dtype: torch.dtype | None = None):
     """Build and load the model of a Hugging Face directory: safetensors weights, or a
     GGUF file linked as ``model.gguf`` (a converted GGUF, see :mod:`redlite.loading.gguf`),
     whose quantized tensors stay quantized where a kernel takes them (the log names the
-    weight formats in use). ``int4_decode``: keep them quantized for decoding through the int4
-    kernel (CPU; bfloat16-rounded products); False (default) holds them dequantized to
-    float32, so every product equals the float32 reference.
+    weight formats in use).
 
     Returns ``(model, config)``: a :class:`~redlite.models.base.CausalLM` in eval mode on
     ``device`` (default :func:`default_device`) holding weights in ``dtype`` (default
@@ -87,12 +85,6 @@ def load_hf_model(path: str | Path, device: torch.device | str | None = None,
     gguf_file = Path(path) / "model.gguf"
     if gguf_file.exists():
         model = _load_gguf(Path(path), gguf_file, config, device, dtype)
-        if not int4_decode:
-            from redlite.layers.linear import Linear
-
-            for module in model.modules():
-                if isinstance(module, Linear):
-                    module.densify()
     else:
         tensors = LazyTensors(safetensors_files(path))
         build_config = dict(config)

@@ -75,8 +75,7 @@ def build_engine(args: argparse.Namespace):
                             snapshot_delay_ms=args.echo_snapshot_delay_ms)
         return engine, ByteTokenizer()
     from redlite.engine.factory import load_engine
-    return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype,
-                       int4_decode=args.int4_decode)
+    return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype)
 
 
 class _Server(uvicorn.Server):
