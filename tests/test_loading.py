@@ -56,25 +56,10 @@ def smol_tokenizer(converted_dir: Path) -> HFTokenizer:
     return load_tokenizer(converted_dir)
 
 
-def _dequantized_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every weight of a converted directory's linked GGUF, dequantized to float32 by
-    ``gguf.quants`` (the reference values), by Hugging Face name."""
-    from redlite.loading.gguf_tensors import GGUFTensors
+def _load_safetensors(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
 
-    config = json.loads((directory / "config.json").read_text())
-    tensors = GGUFTensors(directory / "model.gguf", config)
-    return {name: torch.from_numpy(v.dequantize()) if hasattr(v, "int4_parts") else v
-            for name, v in tensors.items()}
-
-
-def _transformers_model(directory: Path, tensors: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """transformers' model for our ``config.json`` holding ``tensors`` (lm_head may be tied)."""
-    config = transformers.AutoConfig.from_pretrained(str(directory))
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
-    model.tie_weights()
-    return model
+    return load_file(str(directory / "model.safetensors"))
 
 
 def _transformers_gguf_model(path: Path, template: torch.nn.Module) -> torch.nn.Module:
@@ -148,11 +133,10 @@ def test_converted_config_matches_smollm2(converted_dir: Path) -> None:
 @pytest.mark.model
 def test_converted_weights_equal_transformers_gguf_loader(converted_dir: Path, bundled_gguf: Path) -> None:
     """Our dequantized, renamed, un-permuted tensors equal transformers' own GGUF loading;
-    and our config.json with them gives transformers a model with the same logits."""
-    ours = _dequantized_tensors(converted_dir)
-    assert (converted_dir / "model.gguf").resolve() == bundled_gguf.resolve()
-    assert not list(converted_dir.glob("model*.safetensors"))  # no float32 copy
-    model = _transformers_model(converted_dir, ours)
+    and the converted directory loads in transformers as a model giving the same logits."""
+    ours = _load_safetensors(converted_dir)
+    # config.json is understood by transformers.
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(converted_dir), dtype=torch.float32).eval()
     assert model.config.tie_word_embeddings
     reference_model = _transformers_gguf_model(bundled_gguf, template=model)
     reference = reference_model.state_dict()
@@ -215,7 +199,7 @@ def test_failed_conversion_leaves_no_cache(
 ) -> None:
     def half_conversion(source: Path, out_dir: Path) -> None:
         (Path(out_dir) / "config.json").write_text("{}")
-        (Path(out_dir) / "tokenizer.json").write_bytes(b"partial")
+        (Path(out_dir) / "model.safetensors").write_bytes(b"partial")
         raise KeyboardInterrupt  # as if the process were interrupted mid-write
 
     monkeypatch.setattr(gguf_module, "convert_gguf", half_conversion)
@@ -344,14 +328,14 @@ def test_synthetic_gguf_round_trip(arch: str, tmp_path: Path) -> None:
     assert config["tie_word_embeddings"] == original.config.tie_word_embeddings
     assert not (directory / "tokenizer.json").exists()  # the file has no tokenizer
 
-    ours = _dequantized_tensors(directory)
+    ours = _load_safetensors(directory)
     expected = {k: v for k, v in original.state_dict().items()
                 if not (k == "lm_head.weight" and original.config.tie_word_embeddings)}
     assert set(ours) == set(expected)
     for name, tensor in expected.items():
         assert torch.equal(ours[name], tensor), name
 
-    rebuilt = _transformers_model(directory, ours)
+    rebuilt = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
     ids = torch.tensor([[3, 17, 42, 5, 88, 1, 60]])
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(ids).logits, original(ids).logits, atol=1e-5, rtol=0)

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from redlite.layers.linear import Linear
+from redlite.layers.linear import linear_kernel
 from redlite.layers.norm import rms_norm
 from redlite.layers.rotary import apply_rotary
 
@@ -56,10 +56,9 @@ def causal_mask(start: int, n_new: int, window: int | None, device) -> torch.Ten
 class Attention(nn.Module):
     """Self-attention with ``n_heads`` query heads sharing ``n_kv_heads`` key/value heads.
 
-    Layers (:class:`~redlite.layers.linear.Linear`, uninitialised until :meth:`load`): ``qkv``
-    [(n_heads + 2 * n_kv_heads) * head_dim, hidden] (q rows, then k, then v) and ``o``
-    [hidden, n_heads * head_dim], with biases per ``qkv_bias``/``o_bias``
-    (``qkv_weight``/``o_weight``/... name their dense parameters, None when quantized); with
+    Parameters (uninitialised until :meth:`load`): ``qkv_weight``
+    [(n_heads + 2 * n_kv_heads) * head_dim, hidden] (q rows, then k, then v), optional
+    ``qkv_bias``; ``o_weight`` [hidden, n_heads * head_dim], optional ``o_bias``; with
     ``qk_norm``, ``qk_norm_weight`` [n_heads + n_kv_heads, head_dim] (the q-norm weight
     repeated per q head, then the k-norm weight per k head).
     ``window``: sliding-window size in tokens (None: full attention).
@@ -73,24 +72,31 @@ class Attention(nn.Module):
         self.qk_dim = (n_heads + n_kv_heads) * head_dim
         self.norm_eps = float(norm_eps)
         self.window = window
-        self.qkv = Linear(hidden, (n_heads + 2 * n_kv_heads) * head_dim, qkv_bias, device, dtype)
-        self.o = Linear(n_heads * head_dim, hidden, o_bias, device, dtype)
-        self.qk_norm_weight = (nn.Parameter(torch.empty(n_heads + n_kv_heads, head_dim, device=device, dtype=dtype),
-                                            requires_grad=False) if qk_norm else None)
+        self.linear = linear_kernel(device, dtype)
 
-    qkv_weight = property(lambda self: self.qkv.weight)
-    qkv_bias = property(lambda self: self.qkv.bias)
-    o_weight = property(lambda self: self.o.weight)
-    o_bias = property(lambda self: self.o.bias)
+        def param(*shape):
+            return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
 
-    def load(self, q, k, v, o, biases: tuple | None = None, q_norm: torch.Tensor | None = None,
+        self.qkv_weight = param((n_heads + 2 * n_kv_heads) * head_dim, hidden)
+        self.qkv_bias = param((n_heads + 2 * n_kv_heads) * head_dim) if qkv_bias else None
+        self.o_weight = param(hidden, n_heads * head_dim)
+        self.o_bias = param(hidden) if o_bias else None
+        self.qk_norm_weight = param(n_heads + n_kv_heads, head_dim) if qk_norm else None
+
+    def load(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+             biases: tuple | None = None, q_norm: torch.Tensor | None = None,
              k_norm: torch.Tensor | None = None) -> None:
-        """Load Hugging Face ``q_proj``/``k_proj``/``v_proj``/``o_proj`` weights (tensors or
-        quantized tensors, see :meth:`~redlite.layers.linear.Linear.load`); ``biases`` is
-        ``(q, k, v, o)`` with None where absent; ``q_norm``/``k_norm`` are ``[head_dim]``."""
-        biases = biases or (None,) * 4
-        self.qkv.load([q, k, v], list(biases[:3]))
-        self.o.load([o], [biases[3]])
+        """Copy Hugging Face ``q_proj``/``k_proj``/``v_proj``/``o_proj`` weights; ``biases``
+        is ``(q, k, v, o)`` with None where absent; ``q_norm``/``k_norm`` are ``[head_dim]``."""
+        nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.qkv_weight[:nq].copy_(q)
+        self.qkv_weight[nq:nq + nk].copy_(k)
+        self.qkv_weight[nq + nk:].copy_(v)
+        self.o_weight.copy_(o)
+        if self.qkv_bias is not None:
+            self.qkv_bias.copy_(torch.cat([b.reshape(-1) for b in biases[:3]]))
+        if self.o_bias is not None:
+            self.o_bias.copy_(biases[3])
         if self.qk_norm_weight is not None:
             self.qk_norm_weight[: self.n_heads].copy_(q_norm)
             self.qk_norm_weight[self.n_heads:].copy_(k_norm)
@@ -109,7 +115,7 @@ class Attention(nn.Module):
         n_new = x.shape[0]
         end = start + n_new
         heads, kv_heads, head_dim = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self.qkv(x)
+        qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
         qk = qkv[:, : self.qk_dim].unflatten(-1, (heads + kv_heads, head_dim))
         if self.qk_norm_weight is not None:
             qk = rms_norm(qk, self.qk_norm_weight, self.norm_eps)
@@ -124,14 +130,14 @@ class Attention(nn.Module):
             q = qk[0, :heads].view(1, kv_heads, heads // kv_heads, head_dim)
             with sdpa_backends(x.device):
                 out = F.scaled_dot_product_attention(q, keys[None, :, first:end], values[None, :, first:end])
-            return self.o(out.reshape(1, heads * head_dim))
+            return self.linear(out.reshape(1, heads * head_dim), self.o_weight, self.o_bias)
         # 4-D inputs: the CPU flash kernel rejects 3-D ones (and the math fallback is slow).
         q = qk[None, :, :heads].transpose(1, 2)
         with sdpa_backends(x.device):
             out = F.scaled_dot_product_attention(
                 q, keys[None, :, :end], values[None, :, :end], attn_mask=mask,
                 is_causal=mask is None, enable_gqa=heads != kv_heads)
-        return self.o(out[0].transpose(0, 1).reshape(n_new, -1))
+        return self.linear(out[0].transpose(0, 1).reshape(n_new, -1), self.o_weight, self.o_bias)
 
     def decode_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                       keys: torch.Tensor, values: torch.Tensor, span: int, ops) -> torch.Tensor:

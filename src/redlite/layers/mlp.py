@@ -6,38 +6,45 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from redlite.layers.linear import Linear
+from redlite.layers.linear import linear_kernel
 
 
 class SwiGLU(nn.Module):
     """Feed-forward of the Llama family.
 
-    Layers (:class:`~redlite.layers.linear.Linear`, uninitialised until loaded): ``gate_up``
-    [2*inter, hidden] (the gate rows first, then the up rows) and ``down`` [hidden, inter],
-    with biases when ``bias``. ``gate_up_weight``, ``down_weight``, ``gate_up_bias`` and
-    ``down_bias`` name their dense parameters (None for a quantized weight).
+    Parameters (uninitialised until loaded): ``gate_up_weight`` [2*inter, hidden] (the gate
+    rows first, then the up rows), ``down_weight`` [hidden, inter], optional biases
+    ``gate_up_bias`` [2*inter] and ``down_bias`` [hidden] when ``bias``.
     """
 
     def __init__(self, hidden: int, inter: int, bias: bool = False, device=None, dtype=None):
         super().__init__()
         self.inter = inter
-        self.gate_up = Linear(hidden, 2 * inter, bias, device, dtype)
-        self.down = Linear(inter, hidden, bias, device, dtype)
+        self.linear = linear_kernel(device, dtype)
 
-    gate_up_weight = property(lambda self: self.gate_up.weight)
-    gate_up_bias = property(lambda self: self.gate_up.bias)
-    down_weight = property(lambda self: self.down.weight)
-    down_bias = property(lambda self: self.down.bias)
+        def param(*shape):
+            return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
 
-    def load(self, gate, up, down, gate_bias: torch.Tensor | None = None, up_bias: torch.Tensor | None = None,
+        self.gate_up_weight = param(2 * inter, hidden)
+        self.down_weight = param(hidden, inter)
+        self.gate_up_bias = param(2 * inter) if bias else None
+        self.down_bias = param(hidden) if bias else None
+
+    def load(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+             gate_bias: torch.Tensor | None = None, up_bias: torch.Tensor | None = None,
              down_bias: torch.Tensor | None = None) -> None:
-        """Load Hugging Face ``gate_proj``/``up_proj`` ([inter, hidden]) and ``down_proj``
-        ([hidden, inter]) weights, tensors or quantized tensors (see
-        :meth:`~redlite.layers.linear.Linear.load`), and biases when the block has them."""
-        self.gate_up.load([gate, up], [gate_bias, up_bias])
-        self.down.load([down], [down_bias])
+        """Copy Hugging Face ``gate_proj``/``up_proj`` ([inter, hidden]) and ``down_proj``
+        ([hidden, inter]) weights (and biases when the block has them)."""
+        self.gate_up_weight[: self.inter].copy_(gate)
+        self.gate_up_weight[self.inter:].copy_(up)
+        self.down_weight.copy_(down)
+        if self.gate_up_bias is not None:
+            self.gate_up_bias[: self.inter].copy_(gate_bias)
+            self.gate_up_bias[self.inter:].copy_(up_bias)
+            self.down_bias.copy_(down_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: [T, hidden] -> [T, hidden], same dtype."""
-        gate, up = self.gate_up(x).split(self.inter, dim=-1)
-        return self.down(F.silu(gate).mul_(up))
+        gate_up = self.linear(x, self.gate_up_weight, self.gate_up_bias)
+        gate, up = gate_up.split(self.inter, dim=-1)
+        return self.linear(F.silu(gate).mul_(up), self.down_weight, self.down_bias)

@@ -1,21 +1,25 @@
-"""GGUF model file -> a Hugging Face-format model directory whose weights stay in the GGUF.
+"""GGUF model file -> Hugging Face-format model directory (converted once, then cached).
 
-The torch engine loads models from a Hugging Face directory (``config.json``, tokenizer
-files, weights). :func:`resolve_model_dir` turns whatever the user named into such a
-directory: a Hugging Face directory is used as it is; a ``.gguf`` file gets a small cache
-directory (made once; a warm call costs a few ``stat`` calls) holding:
+The torch engine loads models from a Hugging Face directory (``config.json``, safetensors
+weights, tokenizer files). :func:`resolve_model_dir` turns whatever the user named into such a
+directory: a Hugging Face directory is used as it is; a ``.gguf`` file is converted once into a
+cache directory and the cached result is used from then on (a warm call costs one ``stat``).
+
+What a converted directory holds:
 
 * ``config.json``: a transformers config of ``model_type`` ``llama``, ``qwen2`` or ``qwen3``
   built from the GGUF metadata (see
   :func:`~redlite.loading.gguf_config.gguf_to_hf_config` for each key's source);
 * ``generation_config.json``: bos/eos/pad ids from ``tokenizer.ggml.*``;
+* ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` shards plus
+  ``model.safetensors.index.json`` past
+  :data:`~redlite.loading.gguf_weights.MAX_SHARD_BYTES`): every tensor dequantized to
+  float32 by ``gguf.quants.dequantize`` and renamed to Hugging Face names
+  (``blk.0.attn_q.weight`` -> ``model.layers.0.self_attn.q_proj.weight``); for the ``llama``
+  architecture the Q and K rows are put back from llama.cpp's rotary layout;
 * ``tokenizer.json`` and ``tokenizer_config.json`` (chat template from
   ``tokenizer.chat_template``, special tokens), made by transformers' own GGUF tokenizer
-  conversion;
-* ``model.gguf``: a symbolic link to the GGUF file itself, re-pointed on each call when the
-  file moved. The weights are read from it at load
-  (:class:`~redlite.loading.gguf_tensors.GGUFTensors`): quantized tensors stay quantized,
-  with no float32 copy on disk or in memory.
+  conversion.
 
 The cache root is ``$REDLITE_CACHE_DIR`` or ``~/.cache/redlite``; each GGUF file gets the
 sub-directory ``gguf/<file stem>-<key>`` where ``key`` hashes the file's name, size, first and
@@ -25,8 +29,8 @@ two processes never convert the same file at once.
 
 This module holds the entry points, the cache and the conversion steps' order; the work is in
 :mod:`redlite.loading.gguf_config` (metadata -> ``config.json``, ``generation_config.json``)
-and :mod:`redlite.loading.gguf_weights` (tensor names, Q/K un-permutation), whose public
-names are re-exported here.
+and :mod:`redlite.loading.gguf_weights` (tensor names, Q/K un-permutation, safetensors
+writing), whose public names are re-exported here.
 """
 
 from __future__ import annotations
@@ -53,12 +57,12 @@ from redlite.loading.gguf_config import (
     read_field,
     write_json,
 )
-from redlite.loading.gguf_weights import hf_tensor_name, unpermute_rotary_rows
+from redlite.loading.gguf_weights import MAX_SHARD_BYTES, hf_tensor_name, unpermute_rotary_rows, write_weights
 
 __all__ = [
     "CACHE_DIR_ENV",
     "CONVERTER_VERSION",
-    "GGUF_LINK",
+    "MAX_SHARD_BYTES",
     "SUPPORTED_ARCHITECTURES",
     "convert_gguf",
     "default_cache_dir",
@@ -73,9 +77,7 @@ __all__ = [
 logger = logging.getLogger("redlite.loading")
 
 #: Bump when the converted output changes, so old cache entries are not used any more.
-CONVERTER_VERSION = 2
-#: Name of the link to the GGUF file inside a converted directory.
-GGUF_LINK = "model.gguf"
+CONVERTER_VERSION = 1
 #: Environment variable naming the cache root.
 CACHE_DIR_ENV = "REDLITE_CACHE_DIR"
 
@@ -128,13 +130,11 @@ def resolve_model_dir(path: str | os.PathLike[str], cache_dir: str | os.PathLike
     target = root / "gguf" / _cache_name(source)
     if _is_complete(target):
         logger.debug("using cached conversion %s of %s", target, source)
-        _link_gguf(target, source)
         return target
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(target.parent / f".{target.name}.lock"):
         if _is_complete(target):  # another process converted it while we waited
-            _link_gguf(target, source)
             return target
         # Holding the lock, any temp dir of this key is the leftover of a killed conversion.
         for stale in target.parent.glob(f".tmp-{target.name}-*"):
@@ -149,7 +149,6 @@ def resolve_model_dir(path: str | os.PathLike[str], cache_dir: str | os.PathLike
             tmp.chmod(0o755)
             for item in tmp.iterdir():
                 item.chmod(0o644)
-            (tmp / GGUF_LINK).symlink_to(source)
             os.replace(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -161,8 +160,8 @@ def resolve_model_dir(path: str | os.PathLike[str], cache_dir: str | os.PathLike
 def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> None:
     """Convert one GGUF file into a Hugging Face-format directory ``out_dir`` (must exist).
 
-    Writes ``config.json``, ``generation_config.json`` and the tokenizer files (when the GGUF
-    has ``tokenizer.ggml.model``); the weights stay in the GGUF. Not atomic by itself:
+    Writes ``config.json``, ``generation_config.json``, the float32 safetensors weights and
+    the tokenizer files (when the GGUF has ``tokenizer.ggml.model``). Not atomic by itself:
     :func:`resolve_model_dir` calls it on a temporary directory. Logs each step's duration.
 
     Raises:
@@ -193,8 +192,7 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
         "general.file_type": read_field(reader, "general.file_type"),
         "converter_version": CONVERTER_VERSION,
     }
-    for tensor in reader.tensors:
-        hf_tensor_name(tensor.name)  # unknown tensors fail now, not at load
+    n_tensors, n_bytes = write_weights(reader, config, out)
     weights_done = time.perf_counter()
 
     has_tokenizer = _write_tokenizer(gguf_path, reader, out)
@@ -204,13 +202,14 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     # config.json last: its presence marks a complete directory (see _is_complete).
     write_json(out / "config.json", config)
     logger.info(
-        "converted %s (%s, %d layers) -> %s: %d tensors checked, tokenizer %s; "
-        "parse %.1f s, names %.1f s, tokenizer %.1f s, total %.1f s",
+        "converted %s (%s, %d layers) -> %s: %d tensors, %.0f MB float32, tokenizer %s; "
+        "parse %.1f s, weights %.1f s, tokenizer %.1f s, total %.1f s",
         gguf_path.name,
         config["model_type"],
         config["num_hidden_layers"],
         out,
-        len(reader.tensors),
+        n_tensors,
+        n_bytes / 1e6,
         "written" if has_tokenizer else "absent from the GGUF",
         parsed - started,
         weights_done - parsed,
@@ -281,19 +280,9 @@ def _cache_name(source: Path) -> str:
 
 
 def _is_complete(target: Path) -> bool:
-    return (target / "config.json").is_file()
-
-
-def _link_gguf(target: Path, source: Path) -> None:
-    """Point ``target/model.gguf`` at ``source`` (atomically replaced when it points elsewhere:
-    the same file reinstalled at another path hashes to the same cache entry)."""
-    link = target / GGUF_LINK
-    if link.is_symlink() and os.readlink(link) == str(source):
-        return
-    tmp = target / f".{GGUF_LINK}.{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(source)
-    os.replace(tmp, link)
+    if not (target / "config.json").is_file():
+        return False
+    return (target / "model.safetensors").is_file() or (target / "model.safetensors.index.json").is_file()
 
 
 @contextlib.contextmanager

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-
-log = logging.getLogger("redlite.loading")
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -66,10 +63,7 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 
 def load_hf_model(path: str | Path, device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None):
-    """Build and load the model of a Hugging Face directory: safetensors weights, or a
-    GGUF file linked as ``model.gguf`` (a converted GGUF, see :mod:`redlite.loading.gguf`),
-    whose quantized tensors stay quantized where a kernel takes them (the log names the
-    weight formats in use).
+    """Build and load the model of a Hugging Face directory.
 
     Returns ``(model, config)``: a :class:`~redlite.models.base.CausalLM` in eval mode on
     ``device`` (default :func:`default_device`) holding weights in ``dtype`` (default
@@ -82,52 +76,11 @@ def load_hf_model(path: str | Path, device: torch.device | str | None = None,
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     config = read_config(path)
-    gguf_file = Path(path) / "model.gguf"
-    if gguf_file.exists():
-        model = _load_gguf(Path(path), gguf_file, config, device, dtype)
-    else:
-        tensors = LazyTensors(safetensors_files(path))
-        build_config = dict(config)
-        if "lm_head.weight" not in tensors:
-            build_config["tie_word_embeddings"] = True
-        model = resolve_model_class(build_config)(build_config, device=device, dtype=dtype)
-        with torch.inference_mode():
-            model.load_hf_weights(tensors)
-    formats = weight_formats(model)
-    if set(formats) != {"dense"}:
-        log.info("weight formats: %s", ", ".join(f"{n} x {f}" for f, n in sorted(formats.items())))
-    return model.eval(), config
-
-
-def _load_gguf(path: Path, gguf_file: Path, config: dict[str, Any], device: torch.device, dtype: torch.dtype):
-    """The model of a converted GGUF directory: on CPU from the packed-weights cache when
-    present (:mod:`redlite.loading.packed_cache`), else from the GGUF (then cached)."""
-    from redlite.loading import packed_cache
-    from redlite.models import resolve_model_class
-
-    model = resolve_model_class(config)(config, device=device, dtype=dtype)
-    cached = packed_cache.cache_path(path, device, dtype) if device.type == "cpu" else None
+    tensors = LazyTensors(safetensors_files(path))
+    build_config = dict(config)
+    if "lm_head.weight" not in tensors:
+        build_config["tie_word_embeddings"] = True
+    model = resolve_model_class(build_config)(build_config, device=device, dtype=dtype)
     with torch.inference_mode():
-        if cached is not None and cached.exists():
-            packed_cache.load(model, cached)
-            return model
-        from redlite.loading.gguf_tensors import GGUFTensors
-
-        model.load_hf_weights(GGUFTensors(gguf_file, config))
-        if cached is not None:
-            try:
-                packed_cache.save(model, cached)
-            except OSError as err:  # a read-only cache: serve anyway
-                log.warning("could not save the packed weights at %s: %s", cached, err)
-    return model
-
-
-def weight_formats(model: torch.nn.Module) -> dict[str, int]:
-    """Count of :class:`~redlite.layers.linear.Linear` layers per ``format`` (``dense``,
-    ``Q4_1:int4`` kept quantized, ``Q6_K:dequantized`` without a quantized kernel)."""
-    from redlite.layers.linear import Linear
-
-    counts: dict[str, int] = {}
-    for module in {id(m): m for m in model.modules() if isinstance(m, Linear)}.values():
-        counts[module.format] = counts.get(module.format, 0) + 1
-    return counts
+        model.load_hf_weights(tensors)
+    return model.eval(), config

@@ -17,7 +17,7 @@ from torch import nn
 from redlite.engine.base import EngineError
 from redlite.layers.attention import Attention, prefill_mask
 from redlite.layers.kv_cache import KVCache
-from redlite.layers.linear import Linear, linear_kernel
+from redlite.layers.linear import linear_kernel
 from redlite.layers.mlp import SwiGLU
 from redlite.layers.norm import RMSNorm, rms_norm
 from redlite.layers.rotary import RotaryTable
@@ -141,26 +141,23 @@ class LlamaModel(CausalLM):
         self.config = dict(config)
         self.spec = spec = LlamaSpec.from_config(config)
         self.vocab_size, self.max_position_embeddings = spec.vocab, spec.max_positions
-        self.embed = Linear(spec.hidden, spec.vocab, False, device, dtype)  # rows: the embedding table
+        self.embed_weight = nn.Parameter(torch.empty(spec.vocab, spec.hidden, device=device, dtype=dtype),
+                                         requires_grad=False)
         self.layers = nn.ModuleList(DecoderLayer(spec, w, device, dtype) for w in spec.windows)
         self.norm = RMSNorm(spec.hidden, spec.eps, device, dtype)
-        self.lm_head = self.embed if spec.tied else Linear(spec.hidden, spec.vocab, False, device, dtype)
+        self.lm_head_weight = self.embed_weight if spec.tied else nn.Parameter(
+            torch.empty(spec.vocab, spec.hidden, device=device, dtype=dtype), requires_grad=False)
         self.rotary = RotaryTable.from_config(config, spec.head_dim)
-        self.linear = linear_kernel(device, dtype)  # the dense kernel, for the decode ops
+        self.linear = linear_kernel(device, dtype)
         self._windows = sorted({w for w in spec.windows}, key=lambda w: (w is not None, w or 0))
 
-    embed_weight = property(lambda self: self.embed.weight)  # dense parameters (None when quantized)
-    lm_head_weight = property(lambda self: self.lm_head.weight)
-
     def load_hf_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Fill the weights from Hugging Face names; values may be tensors or quantized
-        tensors (see :meth:`redlite.layers.linear.Linear.load`)."""
         spec = self.spec
         with torch.no_grad():
-            self.embed.load([tensors["model.embed_tokens.weight"]])
+            self.embed_weight.copy_(tensors["model.embed_tokens.weight"])
             self.norm.weight.copy_(tensors["model.norm.weight"])
             if not spec.tied:
-                self.lm_head.load([tensors["lm_head.weight"]])
+                self.lm_head_weight.copy_(tensors["lm_head.weight"])
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
                 a = p + "self_attn."
@@ -191,7 +188,7 @@ class LlamaModel(CausalLM):
         n_new = input_ids.shape[0]
         state.check_room(n_new)
         start = state.n_past
-        x = self.embed.rows(input_ids)
+        x = F.embedding(input_ids, self.embed_weight)
         cos, sin = self.rotary.get(start, start + n_new, x.device, x.dtype)
         masks = self._masks(start, n_new, x.device)
         keys, values = state.cache.keys, state.cache.values
@@ -203,7 +200,7 @@ class LlamaModel(CausalLM):
         if not all_logits:
             x = x[-1:]
         x = rms_norm(x, self.norm.weight, self.norm.eps)
-        return self.lm_head(x).float()
+        return self.linear(x, self.lm_head_weight, None).float()
 
     def decode_step(self, token: torch.Tensor, pos: torch.Tensor, state: LlamaState, span: int,
                     ops) -> torch.Tensor:
