@@ -5,7 +5,8 @@ Tiers: ``live`` (the engine's state, on the device), ``ram`` (the parking pool i
 memory), ``disk`` (session files). Read from the engine worker's objects without a lock: the
 worker may change them meanwhile, so a read that races a change is retried (a snapshot is a
 few list copies, no per-token work). Bytes: engine state + checkpoints (live), entry payload
-(ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: None).
+(ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: None). ``session_key``: the client's
+session key of the conversation (live and RAM; files do not keep it: None).
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ def _read(generator: Any) -> list[dict]:
         positions = list(generator.checkpoints.positions)
         live_bytes = int(engine.state_nbytes()) + sum(
             int(getattr(c, "nbytes", 0)) for c in generator.checkpoints.items())
-        out.append(_conversation("live", "live", held, live_bytes, positions, None))
+        out.append(_conversation("live", "live", held, live_bytes, positions, None,
+                                 getattr(generator, "session_key", None)))
     parking = getattr(generator, "parking", None)
     pool = getattr(parking, "pool", None)
     for entry in (pool.entries() if pool is not None else []):
         out.append(_conversation("ram", entry.key, len(entry.held_ids), entry.nbytes,
-                                 entry.checkpoint_positions, entry.last_used))
+                                 entry.checkpoint_positions, entry.last_used,
+                                 getattr(entry, "session", None)))
     sessions = getattr(parking, "sessions", None)
     for entry in (sessions.entries() if sessions is not None else []):
         out.append(_conversation("disk", entry.key, len(entry.held_ids), entry.nbytes,
