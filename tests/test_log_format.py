@@ -32,3 +32,12 @@ def test_log_format_option():
     assert parser.parse_args(["serve", "--engine", "echo"]).log_format == "text"
     assert parser.parse_args(["serve", "--log-format", "json"]).log_format == "json"
     assert parser.parse_args(["serve", "--no-metrics"]).metrics is False
+
+
+def test_session_key_in_the_json_line(caplog):
+    with caplog.at_level(logging.INFO, logger="redlite.access"), echo_client() as client:
+        client.post("/v1/chat/completions", headers={"x-claude-code-session-id": "s-1"},
+                    json={"messages": [{"role": "user", "content": "hi"}]})
+    record = [r for r in caplog.records if r.name == "redlite.access"][-1]
+    line = json.loads(JsonFormatter().format(record))
+    assert line["session_key"] == "s-1" and line["generated"] == 2

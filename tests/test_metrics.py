@@ -132,3 +132,16 @@ def test_disk_tier_restores_and_refusals(tmp_path):
     assert len(disk) == value(m, "redlite_conversations", tier="disk") >= 1
     assert sum(c["bytes"] for c in disk) == value(m, "redlite_conversation_bytes", tier="disk") > 0
     assert listed["tiers"]["disk"]["budget_bytes"] == store.max_bytes
+
+
+def test_session_keys_in_conversations():
+    def chat(client, session, content):
+        r = client.post("/v1/chat/completions", headers={"session_id": session},
+                        json={"messages": [{"role": "user", "content": content}]})
+        assert r.status_code == 200, r.text
+
+    with echo_client() as client:
+        chat(client, "agent-a", "first conversation of agent a")
+        chat(client, "agent-b", "agent b asks something else")
+        listed = client.get("/v1/conversations").json()["data"]
+    assert [(c["tier"], c["session_key"]) for c in listed] == [("live", "agent-b"), ("ram", "agent-a")]
