@@ -128,5 +128,6 @@ class SparseMoE(nn.Module):
             gate, up = F.linear(xs[rows], self.gate_up_weight[e]).split(self.inter, dim=-1)
             out[rows] = F.linear(F.silu(gate) * up, self.down_weight[e])
             start += n
-        out.mul_(weights.reshape(-1)[order].unsqueeze(-1))
-        return torch.zeros_like(x).index_add_(0, token_of, out)
+        unsorted = torch.empty_like(out)
+        unsorted[order] = out  # back to (token, k) order
+        return (unsorted.view(*ids.shape, -1) * weights.unsqueeze(-1)).sum(dim=1)
