@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from inprocess import async_client, echo_call, inprocess_app
+from redlite.server.chat_service import ChatOptions
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -171,8 +172,10 @@ def test_openai_agents_sdk_function_tool_loop(app, streamed):
     assert seen == ["Paris"]
 
 
-def test_reasoning_dropped_by_the_client_rewinds_and_says_why(app, caplog):
-    async def main():
+def test_reasoning_dropped_by_the_client_rewinds_and_says_why(caplog):
+    """With ``--replay template`` (exact replay splices the generated turn back instead: see
+    tests/test_replay_echo.py)."""
+    async def main(app):
         http = async_client(app)
         call = echo_call("get_weather", {"city": "Paris"})
         first = [{"role": "user", "content": "I need the weather.\n</think>\n\n" + call}]
@@ -195,4 +198,5 @@ def test_reasoning_dropped_by_the_client_rewinds_and_says_why(app, caplog):
         held = r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"]
         r = (await http.post("/v1/chat/completions", json={"messages": first + [kept, tool], **fields})).json()
         assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == held
-    run(main())
+    with inprocess_app(chat_options=ChatOptions(replay="template")) as (app, _):
+        run(main(app))

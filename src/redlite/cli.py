@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--echo-no-rewind", action="store_true", help="echo engine: behave like a recurrent model")
     serve.add_argument("--tool-parser", default=None, choices=["hermes", "qwen3_coder", "llama3_json"],
                        help="tool-call format of the output (default: detected from the chat template)")
+    serve.add_argument("--replay", default="exact", choices=["exact", "template"],
+                       help="exact (default): assistant turns the server generated are sent to the "
+                       "model again as the exact tokens it generated (reasoning included), however "
+                       "the client re-serializes them; template: every turn renders through the "
+                       "chat template")
     serve.add_argument("--reasoning-parser", default=None, choices=["qwen3", "none"],
                        help="reasoning markup of the output (default: qwen3 when the chat template "
                             "mentions <think>, else none)")

@@ -76,6 +76,24 @@ class ByteTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
 
+    def encode_rendered(self, text: str) -> list[int]:
+        """Ids of rendered template text (as :meth:`render_chat` tokenizes it)."""
+        return self.encode(text)
+
+    def decode_rendered(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` with the special tokens written out."""
+        names = {v: k for k, v in SPECIAL_TOKENS.items()}
+        out, run = [], bytearray()
+        for t in token_ids:
+            if t < 256:
+                run.append(t)
+                continue
+            out.append(run.decode("utf-8", errors="replace"))
+            run = bytearray()
+            out.append(names.get(t, ""))
+        out.append(run.decode("utf-8", errors="replace"))
+        return "".join(out)
+
     chat_template_source = CHAT_TEMPLATE_SOURCE
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None = None,

@@ -51,7 +51,8 @@ def capture(gen: "Generator", key: Hashable, now: float) -> ParkedEntry:
             tensors, meta = host
             checkpoints.append(ParkedCheckpoint(c.position, c.turn_boundary,
                                                 tensor_nbytes(tensors), tensors, meta))
-    return ParkedEntry(key, list(gen.held_ids), snapshot, checkpoints, now, now)
+    return ParkedEntry(key, list(gen.held_ids), snapshot, checkpoints, now, now,
+                       session=getattr(gen, "session_key", None))
 
 
 def install(gen: "Generator", entry: ParkedEntry) -> bool:
@@ -103,11 +104,16 @@ class Conversations:
     def __init__(self, pool: ParkingPool | None, sessions: SessionStore | None,
                  clock=time.time) -> None:
         self.pool, self.sessions, self._clock = pool, sessions, clock
+        self._session: str | None = None  # the current request's session key
 
     # --- the candidate-selection step --------------------------------------------------------
 
-    def select(self, gen: "Generator", prompt: list[int], request_id: str = "req") -> None:
-        """Bring the best candidate for ``prompt`` into the engine (see module docstring)."""
+    def select(self, gen: "Generator", prompt: list[int], request_id: str = "req",
+               session: str | None = None) -> None:
+        """Bring the best candidate for ``prompt`` into the engine (see module docstring).
+        session: the request's session key; that session's parked RAM entry is the first
+        candidate (it wins ties)."""
+        self._session = session
         try:
             self._select(gen, prompt, request_id)
         except Exception:  # never fails the request; the generator's plan sees the state
@@ -137,8 +143,9 @@ class Conversations:
             if self._live_would_lose(gen, live_common, choice.usable):
                 self.park_live(gen, frozenset({choice.key}))
             if install(gen, entry):
-                log.info("%s restored from %s %d tok in %.1f ms (usable %d)", request_id, choice.tier,
-                         len(entry.held_ids), (time.perf_counter() - started) * 1000.0, choice.usable)
+                log.info("%s restored from %s %d tok in %.1f ms (usable %d)%s", request_id, choice.tier,
+                         len(entry.held_ids), (time.perf_counter() - started) * 1000.0, choice.usable,
+                         f" session={entry.session}" if entry.session else "")
             elif choice.tier == "disk" and choice.key not in self.sessions:
                 self._select(gen, prompt, request_id)  # a refused file left the index: again
             return
@@ -148,6 +155,15 @@ class Conversations:
         longer than the engine's context (saved with a larger ``--ctx-size``) cannot load."""
         can_rewind = engine.can_rewind
         candidates = [Candidate(LIVE, live_usable, "live", self._clock())]
+        session = self._session
+        if self.pool is not None and session is not None:
+            for entry in self.pool.entries():
+                if entry.session == session:
+                    usable = usable_prefix(len(entry.held_ids),
+                                           common_prefix_length(entry.held_ids, prompt),
+                                           len(prompt), can_rewind, entry.checkpoint_positions)
+                    candidates.append(Candidate(entry.key, usable, "ram", entry.last_used,
+                                                len(entry.held_ids), session=True))
         if self.pool is not None:
             candidates += self.pool.candidates(prompt, can_rewind, live_usable)
         if self.sessions is not None:

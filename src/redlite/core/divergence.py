@@ -9,6 +9,7 @@ restores) to the first difference either way; this only explains it.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Sequence
 
 _SHOWN_TOKENS = 12
@@ -31,3 +32,26 @@ def describe_divergence(tokenizer: Any, held: Sequence[int], prompt: Sequence[in
     else:
         why = "an earlier message differs"
     return f"at token {common}: held {held_text!r} vs prompt {prompt_text!r} ({why})"
+
+
+def describe_message(tokenizer: Any, prompt: Sequence[int], common: int, message_ends: Sequence[int],
+                     messages: Sequence[tuple[str, str | None]]) -> str:
+    """Which message of the prompt the first difference lies in: ``message=INDEX role=ROLE
+    [tool_call=ID] offset=BYTES`` (bytes of the rendered message, template markup included,
+    before the difference). ``messages``: (role, tool-call id or None) per message, aligned with
+    ``message_ends`` (token positions); "" when they are not aligned. Past the last message:
+    ``message=generation-prompt``."""
+    if not messages or len(messages) != len(message_ends):
+        return ""
+    index = bisect.bisect_right(list(message_ends), common)
+    if index >= len(messages):
+        return f"message=generation-prompt offset={_bytes(tokenizer, prompt, message_ends[-1], common)}"
+    start = message_ends[index - 1] if index else 0
+    role, call_id = messages[index]
+    call = f" tool_call={call_id}" if call_id else ""
+    return f"message={index} role={role}{call} offset={_bytes(tokenizer, prompt, start, common)}"
+
+
+def _bytes(tokenizer: Any, prompt: Sequence[int], start: int, end: int) -> int:
+    decode = getattr(tokenizer, "decode_rendered", None) or tokenizer.decode
+    return len(decode(list(prompt[start:end])).encode("utf-8"))

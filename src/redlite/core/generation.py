@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, prefill_split_points
-from redlite.core.divergence import describe_divergence
+from redlite.core.divergence import describe_divergence, describe_message
 from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
 from redlite.core.chat import ChatOutput, OutputEvent
 from redlite.core.output_scanner import OutputScanner, ParseOptions
@@ -42,6 +42,8 @@ class GenerationRequest:
     generate (None: until end of turn or a full context). stop: validated stop strings.
     parse: how the output is split into content / reasoning / tool calls (None: all content).
     n: how many answers (choices) to generate for the prompt, one after another.
+    session_key: the client's session key (names the conversation when parked; in log lines).
+    message_info: (role, first tool-call id or None) per chat message, for the cache-miss line.
     """
 
     prompt_ids: list[int]
@@ -53,6 +55,8 @@ class GenerationRequest:
     cancelled: threading.Event = field(default_factory=threading.Event)
     parse: ParseOptions | None = None
     n: int = 1
+    session_key: str | None = None
+    message_info: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -73,7 +77,8 @@ class GenerationResult:
     shutdown). output: the parsed answer (its finish_reason may be ``tool_calls``).
     index: the choice (0-based; the request's last choice is ``n - 1``).
     logprobs: with ``SamplingParams.logprobs`` set, one record per generated token (the
-    end-of-turn token excluded), else None."""
+    end-of-turn token excluded), else None. answer_ids: the generated token ids (the
+    end-of-turn token excluded; for exact replay, :mod:`redlite.core.replay`)."""
 
     finish_reason: str
     prompt_tokens: int
@@ -85,6 +90,7 @@ class GenerationResult:
     output: ChatOutput = field(default_factory=ChatOutput)
     index: int = 0
     logprobs: list[TokenLogprob] | None = None
+    answer_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -121,6 +127,7 @@ class Generator:
         self.parking = None
         # where the last generated answer starts in held_ids (for the cache-miss explanation)
         self._answer_start: int | None = None
+        self.session_key: str | None = None  # the live conversation's session key
 
     # --- planning and executing --------------------------------------------------------------
 
@@ -226,12 +233,19 @@ class Generator:
         started = self._clock()
         if self.parking is not None and self.settings.reuse and index == 0:
             # candidate selection: the live state or a parked conversation (never raises)
-            self.parking.select(self, prompt, request.request_id)
+            self.parking.select(self, prompt, request.request_id, request.session_key)
+        self.session_key = request.session_key
         plan = self.plan(prompt)
         if (line := plan.miss_line()) is not None:
             if plan.reason is MissReason.TOKEN_MISMATCH:
                 line += " " + describe_divergence(self.tokenizer, self.held_ids, prompt, plan.common,
                                                   self._answer_start)
+                where = describe_message(self.tokenizer, prompt, plan.common, request.message_ends,
+                                         request.message_info)
+                if where:
+                    line += " " + where
+            if request.session_key:
+                line += f" session={request.session_key}"
             log.info("%s %s", request.request_id, line)
         logits, complete = self._execute(plan, request)
         ttft_ms = (self._clock() - started) * 1000.0
@@ -240,8 +254,9 @@ class Generator:
                      len(self.held_ids))
             yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan)
             return
-        log.info("%s prefill %d tok (%d cached) ttft %.1f ms", request.request_id,
-                 plan.prefill, plan.keep, ttft_ms)
+        log.info("%s prefill %d tok (%d cached) ttft %.1f ms%s", request.request_id,
+                 plan.prefill, plan.keep, ttft_ms,
+                 f" session={request.session_key}" if request.session_key else "")
 
         max_tokens = request.max_tokens
         if self.settings.max_tokens is not None:  # the server-side cap (--max-tokens)
@@ -254,6 +269,7 @@ class Generator:
         scanner = OutputScanner(request.stop, request.parse)
         eos = self.tokenizer.eos_token_ids
         generated = 0
+        answer: list[int] = []
         finish = "length"
         decode_started = self._clock()
         while True:
@@ -265,6 +281,7 @@ class Generator:
                 finish = "stop"
                 break
             generated += 1
+            answer.append(int(token))
             if records is not None and sampler.last_logprob is not None:
                 records.append(sampler.last_logprob)
                 yield sampler.last_logprob
@@ -296,4 +313,4 @@ class Generator:
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
                  request.request_id, generated, rate, finish, len(self.held_ids))
         yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan, output,
-                               index, records)
+                               index, records, answer)

@@ -77,6 +77,7 @@ class ParkedEntry:
     tier: str = "ram"
     fill: Callable[[Any], bool] | None = None
     verify: Callable[[], None] | None = None
+    session: str | None = None  # the client's session key of the conversation (RAM only)
 
     @property
     def checkpoint_positions(self) -> list[int]:
@@ -115,25 +116,29 @@ def usable_prefix(held_len: int, common: int, prompt_len: int, can_rewind: bool,
 class Candidate:
     """A state a request could start from. key: ``LIVE`` or a parked entry's key. usable: its
     :func:`usable_prefix` for the prompt (tokens). tier: ``live``, ``ram`` or ``disk``.
-    held_len: tokens the state holds."""
+    held_len: tokens the state holds. session: the state belongs to the request's session key.
+    """
 
     key: Hashable
     usable: int
     tier: str
     last_used: float = 0.0
     held_len: int = 0
+    session: bool = False
 
 
 _TIER_ORDER = {"live": 0, "ram": 1, "disk": 2}
 
 
 def choose_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
-    """The candidate with the longest usable prefix; ties: live, then RAM, then disk, then the
-    most recently used. None when no candidate has a usable prefix > 0."""
+    """The candidate with the longest usable prefix; ties: the request's session's, then live,
+    then RAM, then disk, then the most recently used. None when no candidate has a usable
+    prefix > 0."""
     usable = [c for c in candidates if c.usable > 0]
     if not usable:
         return None
-    return min(usable, key=lambda c: (-c.usable, _TIER_ORDER.get(c.tier, 3), -c.last_used))
+    return min(usable, key=lambda c: (-c.usable, not c.session, _TIER_ORDER.get(c.tier, 3),
+                                      -c.last_used))
 
 
 # --- eviction (pure) ---------------------------------------------------------------------------

@@ -174,6 +174,14 @@ class HFTokenizer:
         """Text of ``token_ids`` (ints), special tokens skipped."""
         return self._backend.decode([int(i) for i in token_ids], skip_special_tokens=True)
 
+    def encode_rendered(self, text: str) -> list[int]:
+        """Ids of rendered template text, tokenized as :meth:`render_chat` does (no BOS added)."""
+        return [int(i) for i in self._segments.encode(text)[0]]
+
+    def decode_rendered(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` with special tokens written out (the template's markup)."""
+        return self._backend.decode([int(i) for i in token_ids], skip_special_tokens=False)
+
     def render_chat(self, messages: list[dict], **template_kwargs: Any) -> RenderedPrompt:
         """Render ``messages`` with the chat template (``add_generation_prompt=True``) and
         tokenize the text without adding special tokens (the template writes them).

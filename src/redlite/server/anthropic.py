@@ -27,6 +27,7 @@ from redlite.server.anthropic_schemas import CountTokensRequest, MessagesRequest
 from redlite.server.chat_bridge import ChatRun, count_prompt_tokens
 from redlite.server.errors import APIError
 from redlite.server.wire_common import sse_event
+from redlite.server.session_key import session_key_of
 
 log = logging.getLogger("redlite.server.anthropic")
 
@@ -39,12 +40,8 @@ async def parse_body(request: Request, model: type[BaseModel]) -> Any:
 
 
 def _session_key(request: Request, body: MessagesRequest) -> str | None:
-    """Claude Code's ``x-claude-code-session-id`` header, else ``metadata.user_id``."""
-    header = request.headers.get("x-claude-code-session-id")
-    if header:
-        return header
-    user = (body.metadata or {}).get("user_id")
-    return user if isinstance(user, str) and user else None
+    """The session headers (:mod:`redlite.server.session_key`), else ``metadata.user_id``."""
+    return session_key_of(request.headers, (body.metadata or {}).get("user_id"))
 
 
 async def _stream(run: ChatRun, stream: MessageStream, request_id: str) -> AsyncIterator[bytes]:

@@ -28,6 +28,9 @@ from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
 from redlite.core.constraints import ConstraintError, ConstraintSpec, build_constraint
 from redlite.core.grammar import check_constraint
 from redlite.core.chat_render import detect_formats, render_request, tool_schemas
+from redlite.core.replay import REPLAY_MODES, ReplayStore
+from redlite.core.replay_record import record_turn
+from redlite.core.replay_splice import render_with_replay
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.tokenizer import PromptTooLong, min_prompt_tokens
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
@@ -45,6 +48,8 @@ class ChatOptions:
 
     tool_parser: str | None = None
     reasoning_parser: str | None = None
+    replay: str = "exact"
+    replay_bytes: int = 64 << 20
 
 
 @dataclass
@@ -73,6 +78,8 @@ class PreparedChat:
     generation: GenerationRequest
     parse: ParseOptions
     prompt_text: str
+    replayed: int = 0
+    last_message: Any = None
 
 
 @dataclass
@@ -95,7 +102,8 @@ class ChatStream:
     names the tokens (:class:`redlite.server.logprobs.TokenTexts`)."""
 
     def __init__(self, job: Job, events: asyncio.Queue, prepared: PreparedChat,
-                 token_texts: Any = None) -> None:
+                 token_texts: Any = None, on_result: Any = None) -> None:
+        self._on_result = on_result
         self._job = job
         self._events = events
         self.prepared = prepared
@@ -138,6 +146,8 @@ class ChatStream:
                     generation.prompt_tokens, generation.completion_tokens,
                     generation.cached_tokens), generation)
                 self.results.append(self.result)
+                if self._on_result is not None:
+                    self._on_result(self.prepared, self.result)
                 if len(self.results) < self.n:
                     yield ChoiceEnd(self.index, self.result)
                     self.index += 1
@@ -178,6 +188,15 @@ def _texts(messages: list) -> Any:
                     yield part["text"]
 
 
+def _message_info(message: Any) -> tuple[str, str | None]:
+    """(role, the tool-call id it carries or answers) of a history message."""
+    if not isinstance(message, dict):
+        return "", None
+    calls = message.get("tool_calls") or []
+    call_id = message.get("tool_call_id") or (calls[0].get("id") if calls and isinstance(calls[0], dict) else None)
+    return str(message.get("role")), call_id
+
+
 def render_error(request_id: str, error: Exception) -> APIError:
     """400 for a conversation the chat template refuses: the template's own message (jinja2's
     ``raise_exception``) is meant for the client; anything else only goes to the log."""
@@ -205,8 +224,11 @@ class ChatService:
             raise ValueError(f"unknown tool parser {self.tool_format!r}; one of {TOOL_FORMATS}")
         if reasoning is not None and reasoning not in REASONING_FORMATS:
             raise ValueError(f"unknown reasoning parser {reasoning!r}; one of {REASONING_FORMATS}")
-        log.info("chat formats: tool calls %s, reasoning %s", self.tool_format,
-                 self.reasoning_format or "none")
+        if self.options.replay not in REPLAY_MODES:
+            raise ValueError(f"unknown replay mode {self.options.replay!r}; one of {REPLAY_MODES}")
+        self.replay = ReplayStore(self.options.replay_bytes) if self.options.replay == "exact" else None
+        log.info("chat formats: tool calls %s, reasoning %s; replay %s", self.tool_format,
+                 self.reasoning_format or "none", self.options.replay)
 
     def validate(self, request: ChatRequest) -> None:
         """400 for a tool_choice that cannot be honoured."""
@@ -228,7 +250,8 @@ class ChatService:
             raise APIError(400, f"the prompt has at least {at_least} tokens, more than the context "
                            f"of {self.max_context} tokens", "messages", "context_length_exceeded")
         try:
-            rendered = render_request(self.tokenizer, request)
+            rendered, replayed = render_with_replay(self.tokenizer, request, self.replay,
+                                                    render_request)
         except PromptTooLong as error:
             raise APIError(400, str(error), "messages", "context_length_exceeded") from None
         except Exception as error:  # a template that rejects the conversation
@@ -252,8 +275,18 @@ class ChatService:
                            else request.sampling.logprobs)
         generation = GenerationRequest(ids, request.max_tokens, sampling, list(request.stop),
                                        list(rendered.message_ends), request.request_id, parse=parse,
-                                       n=max(1, request.n))
-        return PreparedChat(generation, parse, rendered.text)
+                                       n=max(1, request.n), session_key=request.session_key,
+                                       message_info=[_message_info(m) for m in request.messages])
+        if replayed:
+            log.info("%s replay: %d generated turns spliced%s", request.request_id, replayed,
+                     f" session={request.session_key}" if request.session_key else "")
+        return PreparedChat(generation, parse, rendered.text, replayed,
+                            request.messages[-1] if request.messages else None)
+
+    def _record(self, prepared: PreparedChat, result: ChatResult) -> None:
+        if self.replay is not None:
+            record_turn(self.replay, self.tokenizer, prepared.generation, result.generation,
+                        prepared.last_message)
 
     def constraint_of(self, request: ChatRequest, tool_format: str | None,
                       start_in_reasoning: bool) -> ConstraintSpec | None:
@@ -324,4 +357,4 @@ class ChatService:
             from redlite.server.logprobs import TokenTexts
 
             texts = await asyncio.to_thread(TokenTexts, self.tokenizer)
-        return ChatStream(job, events, prepared, texts)
+        return ChatStream(job, events, prepared, texts, self._record)

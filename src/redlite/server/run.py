@@ -175,7 +175,8 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
     state = ServerState(worker, tokenizer, engine.model_id, engine.max_context,
                         max_body_bytes=int(args.max_body_mib * (1 << 20)),
                         body_timeout_s=args.body_timeout_s, slots=slots, security=security,
-                        chat_options=ChatOptions(args.tool_parser, args.reasoning_parser))
+                        chat_options=ChatOptions(args.tool_parser, args.reasoning_parser,
+                                                   replay=args.replay))
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port,
                             log_level="warning", timeout_graceful_shutdown=10,
                             http=HeaderTimeoutProtocol)

@@ -1,0 +1,166 @@
+"""Exact replay: what the server generated, kept so a later prompt holds it token for token.
+
+Agents send the model's own turn back in another form than it was generated: tool-call
+arguments re-serialized (sorted keys, other whitespace), reasoning dropped, a template that
+drops earlier reasoning, or text that re-tokenizes differently. Rendered through the template,
+such a turn diverges from the held ids and everything after it is prefilled again.
+
+With ``--replay exact`` (the default) the server keeps, per answer, a :class:`GeneratedTurn`
+(the generation prompt's ids, the exact answer ids, the parsed content / reasoning / tool
+calls) in a :class:`ReplayStore` (RAM, LRU within a byte budget; not written into parked or
+disk session entries, so it does not survive a restart). A history assistant message is
+*recognised* (:func:`matches`) when one of its tool-call ids names a kept turn, or its content
+and calls (arguments compared as parsed JSON, so key order and whitespace do not matter) equal
+a kept turn's; its reasoning must equal the kept one's or be absent (a client that drops it).
+A recognised turn is then spliced (:mod:`redlite.core.replay_splice`): the model sees its turn
+exactly as it generated it (reasoning included, even where the template would drop it), so the
+held ids are a prefix of the new prompt. Anything not recognised renders through the template
+as before. ``--replay template``: the store is not used; every turn renders through the template.
+
+torch-free; pure except for the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+REPLAY_MODES = ("exact", "template")
+
+#: the most tokens a generation prompt (text after the last message boundary) may hold for its
+#: answer to be kept: a longer tail means the last boundary was not found
+MAX_PREFIX_TOKENS = 64
+
+
+def canonical_arguments(arguments: object) -> str:
+    """Tool-call arguments as canonical JSON text (sorted keys, no spaces); text that is not
+    JSON is returned stripped, unchanged otherwise."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments.strip()
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def message_calls(message: dict) -> tuple[tuple[str, str], ...]:
+    """(name, canonical arguments) of an OpenAI-shaped assistant message's tool calls."""
+    out = []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        out.append((str(function.get("name")), canonical_arguments(function.get("arguments", {}))))
+    return tuple(out)
+
+
+def context_key(message: object) -> str:
+    """What identifies the message a turn answered (role + content), so equal answers to
+    different messages stay apart; "" for none."""
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    text = content if isinstance(content, str) else json.dumps(content, sort_keys=True, default=str)
+    blob = json.dumps([message.get("role"), message.get("tool_call_id"), text], ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def content_key(content: str, calls: tuple) -> str:
+    """The lookup key of a turn's visible part: stripped content + canonical calls."""
+    blob = json.dumps([content.strip(), list(calls)], ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class GeneratedTurn:
+    """One generated answer. prefix_ids / prefix_text: the prompt's generation prompt (after
+    its last message boundary); answer_ids: every generated
+    token id, the end-of-turn token excluded; content, reasoning, calls: the parsed answer
+    (calls as ``(id, name, canonical arguments)``); context: :func:`context_key` of the
+    request's last message (the one this turn answered)."""
+
+    prefix_ids: list[int]
+    prefix_text: str
+    answer_ids: list[int]
+    content: str
+    reasoning: str
+    calls: tuple[tuple[str, str, str], ...] = ()
+    context: str = ""
+    key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.key = content_key(self.content, tuple((n, a) for _, n, a in self.calls)) + self.context
+
+    @property
+    def nbytes(self) -> int:
+        text = len(self.content) + len(self.reasoning) + len(self.prefix_text)
+        return 8 * (len(self.prefix_ids) + len(self.answer_ids)) + text + sum(
+            len(a) + len(n) + len(i) for i, n, a in self.calls) + 200
+
+
+def matches(message: dict, turn: GeneratedTurn) -> bool:
+    """Whether the history ``message`` is ``turn`` as the client sends it back: same stripped
+    content, same calls (names, parsed arguments, order), reasoning equal or absent."""
+    if message.get("role") != "assistant":
+        return False
+    content = message.get("content")
+    if not isinstance(content, str):
+        content = "" if content is None else None
+    if content is None or content.strip() != turn.content.strip():
+        return False
+    if message_calls(message) != tuple((n, a) for _, n, a in turn.calls):
+        return False
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    return not reasoning or str(reasoning).strip() == turn.reasoning.strip()
+
+
+class ReplayStore:
+    """Kept turns, least recently used first out when over ``budget_bytes``. Lookup by
+    tool-call id, else by :func:`content_key` and the :func:`context_key` of the message before
+    it (equal answers to different messages are different turns). Thread-safe enough for the server: every
+    method is a few dict operations under the GIL."""
+
+    def __init__(self, budget_bytes: int = 64 << 20) -> None:
+        self.budget_bytes = budget_bytes
+        self._turns: OrderedDict[str, GeneratedTurn] = OrderedDict()
+        self._by_call: dict[str, str] = {}
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def record(self, turn: GeneratedTurn) -> None:
+        if turn.nbytes > self.budget_bytes:
+            return
+        old = self._turns.pop(turn.key, None)
+        if old is not None:
+            self._forget(old)
+        self._turns[turn.key] = turn
+        self.nbytes += turn.nbytes
+        for call_id, _, _ in turn.calls:
+            self._by_call[call_id] = turn.key
+        while self.nbytes > self.budget_bytes:
+            _, oldest = self._turns.popitem(last=False)
+            self._forget(oldest)
+
+    def _forget(self, turn: GeneratedTurn) -> None:
+        self.nbytes -= turn.nbytes
+        for call_id, _, _ in turn.calls:
+            if self._by_call.get(call_id) == turn.key:
+                del self._by_call[call_id]
+
+    def find(self, message: dict, previous: object = None) -> GeneratedTurn | None:
+        """The kept turn ``message`` is (see :func:`matches`), or None. previous: the message
+        before it in the history (for the content lookup)."""
+        if message.get("role") != "assistant":
+            return None
+        keys = [self._by_call.get(str(c.get("id"))) for c in message.get("tool_calls") or []]
+        content = message.get("content")
+        text = content if isinstance(content, str) else ""
+        keys.append(content_key(text, message_calls(message)) + context_key(previous))
+        for key in keys:
+            turn = self._turns.get(key) if key else None
+            if turn is not None and matches(message, turn):
+                self._turns.move_to_end(key)
+                return turn
+        return None
