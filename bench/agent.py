@@ -119,9 +119,8 @@ def new_tokens(client: httpx.Client, previous_ideal: list[dict] | None, ideal: l
     prompt = render(ideal)
     if previous_ideal is None:
         return count(prompt)
-    before = render(previous_ideal)
-    common = os.path.commonprefix([prompt, before])
-    return count(prompt) - count(common)
+    common = os.path.commonprefix([prompt, render(previous_ideal)])
+    return count(prompt[len(common):])  # a BPE tokenizer may merge across the cut: +-1 token
 
 
 def replay(server: Server, trace: dict, model: str, redlite: bool) -> dict:

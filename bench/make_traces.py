@@ -77,13 +77,15 @@ def random_calls(rng: random.Random, parallel: bool) -> list[tuple[str, dict]]:
     return out
 
 
-def results_for(rng: random.Random, calls: list[tuple[str, dict]], next_answer: str) -> dict:
-    """Tool results of realistic size; the last one ends with the scripted next answer."""
+def results_for(rng: random.Random, calls: list[tuple[str, dict]], think: bool, next_calls: list[tuple[str, dict]],
+                text: str = "") -> dict:
+    """Tool results of realistic size; the last one is the scripted next answer (for a single
+    call, that answer's text holds the file read, so the echo engine repeats it)."""
     results = [source_file(rng, rng.randint(2048, 8192)) if name == "read_file"
                else command_output(rng, rng.randint(300, 1500)) for name, _ in calls]
-    results[-1] = next_answer
-    if len(results) == 1:  # a single call: its (file) result comes first, the answer script last
-        results = [source_file(rng, rng.randint(2048, 6000)) + "\n" + next_answer]
+    if len(results) == 1:
+        text = results[0] + "\n" + text
+    results[-1] = scripted(rng, think, next_calls, text)
     return {"role": "tool", "results": results}
 
 
@@ -94,10 +96,10 @@ def tool_session(rng: random.Random, n_turns: int, think: bool, parallel: bool, 
     for i in range(1, n_turns):
         next_calls = random_calls(rng, parallel and i % 3 != 0)
         if i % 8 == 0:  # the answer is text; the user follows up
-            turns.append({"session": session, "add": [results_for(rng, calls, scripted(rng, think, [], "Done: tests pass."))]})
+            turns.append({"session": session, "add": [results_for(rng, calls, think, [], "Done: tests pass.")]})
             turns.append({"session": session, "add": [{"role": "user", "content": scripted(rng, think, next_calls)}]})
         else:
-            turns.append({"session": session, "add": [results_for(rng, calls, scripted(rng, think, next_calls))]})
+            turns.append({"session": session, "add": [results_for(rng, calls, think, next_calls)]})
         calls = next_calls
     return turns[:n_turns]
 
@@ -105,7 +107,7 @@ def tool_session(rng: random.Random, n_turns: int, think: bool, parallel: bool, 
 def trace(name: str, wire: str, seed: int, turns: list[dict], **client) -> dict:
     return {"name": name, "wire": wire, "seed": seed,
             "client": {"strip_reasoning": False, "sort_keys": False, "aider": False, "temperature": None, **client},
-            "system": "You are a coding agent. Use the tools to inspect and change the repository.\n" * 8,
+            "system": f"You are {name}, a coding agent. Use the tools to inspect and change the repository.\n" * 8,
             "tools": [] if client.get("aider") else TOOLS, "sessions": {}, "turns": turns}
 
 
