@@ -123,12 +123,12 @@ def new_tokens(client: httpx.Client, previous_ideal: list[dict] | None, ideal: l
     return count(prompt[len(common):])  # a BPE tokenizer may merge across the cut: +-1 token
 
 
-def replay(server: Server, trace: dict, model: str, redlite: bool) -> dict:
-    """Run one trace; per-turn rows and the trace's figures."""
+def replay(server: Server, trace: dict, model: str, redlite: bool, timeout_s: float = 600) -> dict:
+    """Run one trace; per-turn rows and the trace's figures (``timeout_s`` per HTTP call)."""
     sessions: dict[str, Session] = {}
     previous: dict[str, list[dict]] = {}
     rows = []
-    with httpx.Client(base_url=server.url, timeout=600) as client:
+    with httpx.Client(base_url=server.url, timeout=timeout_s) as client:
         for index, turn in enumerate(trace["turns"]):
             session = sessions.setdefault(turn["session"], Session(trace))
             sent, ideal = session.next_messages(turn)
