@@ -33,16 +33,17 @@ def hf_config(n_layers: int):
     return config
 
 
-def build_hf(config, device: torch.device, dtype: torch.dtype):
-    """``Qwen3ForCausalLM`` with transformers' random initialisation, built on ``device`` in
-    ``dtype`` (no host copy of the weights)."""
+def build_hf(config, device: torch.device, dtype: torch.dtype, model_class=None):
+    """``model_class`` (default ``Qwen3ForCausalLM``) of ``config`` with transformers' random
+    initialisation, built on ``device`` in ``dtype`` (no host copy of the weights)."""
     import transformers
 
+    model_class = model_class or transformers.Qwen3ForCausalLM
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = transformers.Qwen3ForCausalLM(config)
+            model = model_class(config)
     finally:
         torch.set_default_dtype(previous)
     return model.eval()

@@ -20,12 +20,13 @@ from redlite.server.slots import SlotService
 
 
 def echo_state(slot_dir: Path | None = None, security: SecurityOptions | None = None,
-               **state_fields) -> ServerState:
+               max_tokens: int | None = None, **state_fields) -> ServerState:
     """A ServerState over a fresh echo engine and worker thread (stop it with
-    ``state.worker.shutdown()``)."""
+    ``state.worker.shutdown()``); ``max_tokens``: the server-side cap (``--max-tokens``)."""
     engine = EchoEngine()
     # one prefill call per request whatever its length, so tests can count requests' prefills
-    generator = Generator(engine, ByteTokenizer(), GeneratorSettings(prefill_chunk=1 << 30))
+    generator = Generator(engine, ByteTokenizer(), GeneratorSettings(prefill_chunk=1 << 30,
+                                                                 max_tokens=max_tokens))
     generator.parking = Conversations(ParkingPool(1 << 20, 4), None)
     worker = EngineWorker(generator, max_queue=4)
     slots = None

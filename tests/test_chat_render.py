@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from redlite.core.chat import ChatRequest
-from redlite.core.chat_render import (detect_formats, forced_opening, merge_systems, render_request,
+from redlite.core.chat_render import (detect_formats, merge_systems, render_request,
                                       template_messages)
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -51,7 +51,7 @@ def test_qwen3_template_renders_calls_results_and_reasoning(hf_tokenizer):
     tok = with_template(hf_tokenizer, "qwen3_tools.jinja")
     text = render_request(tok, ChatRequest(HISTORY, tools=TOOLS)).text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
-    assert "<think>\nCall the tool.\n</think>\n\n<tool_call>" in text
+    assert "<think>\nCall the tool.\n</think>\n<tool_call>" in text
     assert "<tool_response>\nsunny\n</tool_response>" in text
     assert json.dumps(TOOLS[0]) in text
     assert text.endswith("<|im_start|>assistant\n<think>\n")
@@ -76,11 +76,7 @@ def test_llama3_template_and_detection(hf_tokenizer):
     assert detect_formats(tok.chat_template_source) == ("llama3_json", None)
 
 
-def test_detection_of_qwen3_coder_markup_and_forced_openings():
+def test_detection_of_qwen3_coder_markup():
     source = "{{ '<tool_call>\\n<function=' + name + '>\\n<parameter=' }} <think>"
     assert detect_formats(source) == ("qwen3_coder", "qwen3")
     assert detect_formats(None) == ("hermes", None)
-    assert forced_opening("qwen3_coder", "f", TOOLS) == "<tool_call>\n<function=f>\n"
-    assert forced_opening("hermes", "required", TOOLS) == "<tool_call>\n"
-    assert forced_opening("hermes", "auto", TOOLS) == ""
-    assert forced_opening("llama3_json", "f", TOOLS) == '{"name": "f", "parameters": '

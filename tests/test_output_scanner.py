@@ -38,8 +38,10 @@ def scan(text, sizes, options, stops=(), reason="stop"):
     return events + new, output
 
 
-def check(text, options, stops=(), reason="stop"):
-    """The output of ``text``, after checking every chunking against the one-piece result."""
+def check(text, options, stops=(), reason="stop", all_calls_valid=True):
+    """The output of ``text``, after checking every chunking against the one-piece result.
+    all_calls_valid: every streamed call is in the output (False: a malformed call may have
+    been streamed and dropped; the calls kept must still equal their streamed pieces)."""
     _, whole = scan(text, [len(text)], options, stops, reason)
     rng = random.Random(len(text))
     chunkings = [[1] * len(text)] + [[rng.randint(1, 9) for _ in text] for _ in range(25)]
@@ -57,8 +59,11 @@ def check(text, options, stops=(), reason="stop"):
                         streamed[d.index] = [d.id, d.name, d.arguments]
                     else:
                         streamed[d.index][2] += d.arguments
-            assert [tuple(v) for v in streamed.values()] == \
-                [(c.id, c.name, c.arguments) for c in output.tool_calls]
+            kept = [(c.id, c.name, c.arguments) for c in output.tool_calls]
+            if all_calls_valid:
+                assert [tuple(v) for v in streamed.values()] == kept
+            else:
+                assert all(tuple(streamed[int(i.removeprefix("call_"))]) == (i, n, a) for i, n, a in kept)
     for call in whole.tool_calls:
         assert isinstance(json.loads(call.arguments), dict)
     return whole
@@ -214,12 +219,6 @@ def test_stop_sequence_cuts_before_markers():
     assert out.content == "abc " and out.stop_sequence == "STOP" and out.finish_reason == "stop"
 
 
-def test_forced_opening_prefix_is_parsed_as_generated():
-    opts = ParseOptions(tool_format="hermes", prefix='<tool_call>\n{"name": "f", "arguments": ')
-    out = check('{"x": 1}}\n</tool_call>', opts)
-    assert calls(out) == [("f", {"x": 1})]
-
-
 def test_one_call_when_parallel_calls_are_off():
     opts = ParseOptions(tool_format="hermes", max_calls=1)
     text = ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
@@ -238,3 +237,24 @@ def test_one_call_when_parallel_calls_are_off():
         _, out = scanner.finish("stop")
         assert calls(out) == [("a", {})] and out.finish_reason == "tool_calls"
         assert all(e.value.index == 0 for e in events if e.kind == "tool_call")
+
+
+def test_call_cut_before_its_name_is_neither_call_nor_text():
+    out = check('Text.\n<tool_call>\n{"na', HERMES, reason="length")
+    assert (out.content, out.tool_calls, out.finish_reason) == ("Text.", [], "length")
+
+
+def test_random_markup_soup_keeps_every_invariant():
+    """Texts made of markup fragments in random order: no exception, every chunking gives the
+    same output, pieces concatenate to it, arguments are JSON objects."""
+    pieces = ["<tool_call>", "</tool_call>", "<function=write>", "<parameter=path>",
+              "<parameter=count>", "</parameter>", "</function>", "<think>", "</think>", "{",
+              "}", '"', "\\", "\n", " ", "x", "<", "</", '{"name": "f", "arguments": {', '"a": 1',
+              '{"name": "f", "parameters": {"b": [2]}}', "STOP"]
+    rng = random.Random(7)
+    for _ in range(80):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 14)))
+        for options in (HERMES, CODER, LLAMA, ParseOptions(tool_format="hermes", reasoning="qwen3",
+                                                            start_in_reasoning=True)):
+            for reason in ("stop", "length"):
+                check(text, options, stops=["STOP"], reason=reason, all_calls_valid=False)

@@ -108,7 +108,11 @@ def test_a_killed_servers_lock_does_not_keep_its_files(tmp_path):
     orphan = child.stdout.strip()  # its writer exited without close(): the lock file is stale
     s = store(tmp_path, keep=0)
     assert not (tmp_path / orphan).exists()  # adopted and pruned
+    assert list(tmp_path.glob(".rl-owner-*")) == []  # its stale lock removed; s wrote nothing
+    s.save(entry([7, 8]))
     assert [p.name for p in tmp_path.glob(".rl-owner-*")] == [f".rl-owner-{s.owners.id}.lock"]
+    s.close()
+    assert list(tmp_path.glob(".rl-owner-*")) == []
 
 
 def test_a_file_of_an_older_build_with_crc32_still_loads(tmp_path):

@@ -1,5 +1,4 @@
-"""Chat requests to prompts: message shaping for chat templates, format detection, forced
-tool-call openings (torch-free).
+"""Chat requests to prompts: message shaping for chat templates, format detection (torch-free).
 
 Rendering always goes through the model's own chat template (``tokenizer.render_chat`` with
 ``tools=`` and the template kwargs); this module only shapes the OpenAI history the way
@@ -119,20 +118,6 @@ def detect_formats(template: str | None) -> tuple[str, str | None]:
         tool = "hermes"
     reasoning = "qwen3" if "<think>" in source or "</think>" in source else None
     return tool, reasoning
-
-
-def forced_opening(tool_format: str, tool_choice: str, tools: list[dict]) -> str:
-    """Markup put at the end of the prompt so the answer is a call: ``tool_choice`` is
-    ``required`` (any tool) or a function name (that tool). "" when nothing is forced."""
-    if tool_choice in ("auto", "none") or not tools:
-        return ""
-    named = tool_choice != "required"
-    if tool_format == "qwen3_coder":
-        return f"<tool_call>\n<function={tool_choice}>\n" if named else "<tool_call>\n<function="
-    if tool_format == "llama3_json":
-        return '{"name": ' + json.dumps(tool_choice) + ', "parameters": ' if named else '{"name": "'
-    return ('<tool_call>\n{"name": ' + json.dumps(tool_choice) + ', "arguments": ' if named
-            else "<tool_call>\n")
 
 
 def tool_schemas(tools: list[dict]) -> dict[str, dict]:

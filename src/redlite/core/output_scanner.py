@@ -52,8 +52,6 @@ class ParseOptions:
     reasoning: ``qwen3`` or None.
     start_in_reasoning: the prompt already opened ``<think>`` (only ``</think>`` will appear).
     schemas: tool name -> JSON schema of its parameters (types of qwen3_coder values).
-    prefix: text already put in the prompt by the server (a forced call's opening markup); it is
-        parsed as if generated, so its events (the call start) are emitted first.
     max_calls: most calls in one answer (1 for ``parallel_tool_calls: false``); the generation
         stops when that many calls are complete, None: no limit.
     """
@@ -62,7 +60,6 @@ class ParseOptions:
     reasoning: str | None = None
     start_in_reasoning: bool = False
     schemas: dict[str, dict] = field(default_factory=dict)
-    prefix: str = ""
     max_calls: int | None = None
 
 
@@ -84,9 +81,6 @@ class OutputScanner:
         self.output = ChatOutput()
         self._finished = False
         self._complete_calls = 0
-        self._initial: list[OutputEvent] = []
-        if self.options.prefix:
-            self._lex(self.options.prefix, self._initial)
 
     @property
     def stopped(self) -> bool:
@@ -184,9 +178,8 @@ class OutputScanner:
         index = len(self.output.tool_calls)
         fmt = self.options.tool_format
         if fmt == "qwen3_coder":
+            # opened by a bare <function=, the parser starts at the function's name
             self._call = XmlCallParser(index, self._new_id, self.options.schemas, opening=marker)
-            if marker != "<tool_call>":
-                self._call._buf = ""  # bare <function=: the parser starts at the name
         else:
             self._call = JsonCallParser(index, self._new_id, close_tag=fmt == "hermes", opening=marker)
         self._pending = rest
@@ -224,7 +217,7 @@ class OutputScanner:
     def push(self, text: str) -> tuple[list[OutputEvent], bool]:
         """Take the next decoded piece; return the events now certain and whether a stop
         sequence matched (generation must end; call :meth:`finish` next)."""
-        events, self._initial = self._initial, []
+        events: list[OutputEvent] = []
         if self._finished or self.stopped:
             return events, True
         clean, stopped = self._stop.push(text)
@@ -235,7 +228,7 @@ class OutputScanner:
         """End the output. reason: ``stop`` (end of turn or stop sequence), ``length`` or
         ``cancelled``. Returns the last events and the whole :class:`ChatOutput` (finish_reason
         ``tool_calls`` when calls were made and the turn ended normally)."""
-        events, self._initial = self._initial, []
+        events: list[OutputEvent] = []
         if self._finished:
             return events, self.output
         self._finished = True
@@ -254,8 +247,7 @@ class OutputScanner:
                     self._drop(call.index)
             elif call.started:
                 self._drop(call.index)  # cut by max_tokens: no half call is reported
-            else:
-                self._emit(self._mode, call._opening + call.raw, events)
+            # a call cut before its name was complete is dropped too (it is no text either)
         elif self._pending:
             self._emit(self._mode, self._pending, events)
             self._pending = ""

@@ -69,31 +69,39 @@ def owner_of(name: str) -> str | None:
 
 
 class Owners:
-    """This process's owner id and lock in ``directory``, and the liveness of other owners."""
+    """This process's owner id in ``directory`` and the liveness of other owners. The lock
+    is taken by :meth:`acquire`, before this server writes its first file (a server that
+    never writes leaves no lock file behind), and given up by :meth:`close`."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.id = secrets.token_hex(4)
-        final = directory / f".rl-owner-{self.id}.lock"
-        staging = directory / f".rl-owner-{self.id}.lock.{os.getpid()}.new"
+        self._fd: int | None = None
+        self._lock_path = directory / f".rl-owner-{self.id}.lock"
+
+    def acquire(self) -> None:
+        """Hold this owner's lock (no-op when held). Raises OSError."""
+        if self._fd is not None:
+            return
+        staging = self.directory / f".rl-owner-{self.id}.lock.{os.getpid()}.new"
         # locked before it gets its final name, so no other server ever sees it unlocked
-        self._fd = os.open(staging, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        fd = os.open(staging, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.rename(staging, final)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(staging, self._lock_path)
         except OSError:
-            os.close(self._fd)
+            os.close(fd)
             try:
                 os.unlink(staging)
             except OSError:
                 pass
             raise
-        self._lock_path = final
+        self._fd = fd
 
     def alive(self, owner: str) -> bool:
         """Whether ``owner`` holds its lock now (this process's own id: True)."""
         if owner == self.id:
-            return self._fd is not None
+            return True
         path = self.directory / f".rl-owner-{owner}.lock"
         try:
             fd = os.open(path, os.O_RDONLY)

@@ -153,7 +153,7 @@ class SessionStore:
     expected: what files must match (:func:`expected_for`). min_tokens: smallest conversation
     saved (tokens). keep: most files kept. max_bytes: most bytes kept (both count the
     rejected files). ``opener`` (for tests) opens the temporary file being written.
-    :meth:`scan` (or the first save) takes this server's owner lock; :meth:`close` gives it up.
+    The first save takes this server's owner lock; :meth:`close` gives it up.
     """
 
     def __init__(self, directory: str | os.PathLike, expected: Expected, *, min_tokens: int = 512,
@@ -344,6 +344,7 @@ class SessionStore:
         started = time.perf_counter()
         last_used = entry.last_used or self._clock()
         try:
+            self.owners.acquire()  # before the first file this server writes
             name = f"rl-{self.owners.id}-{secrets.token_hex(8)}.rlsession"
             meta, tensors = entry_to_file(entry, self.expected)
             meta["last_used"] = last_used

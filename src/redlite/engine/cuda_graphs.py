@@ -13,10 +13,11 @@ the ones past the position, so graphs are captured lazily per bucket of :func:`b
 (powers of two from 1024, then the cache size) and a decode uses the smallest bucket that
 covers its position (:func:`choose_span`).
 
-The graphs hold pointers into the state's own cache tensor, the model's weights and the
-rotary tables, none of which is ever reallocated: rewind, reset and restore only move
-``n_past`` or copy into the cache, so the graphs stay valid. On a CPU device the same step
-runs eagerly (for tests).
+The graphs hold pointers into the state's own cache tensor (and, for the Qwen3.5 hybrid
+family, its conv and recurrent state tensors), the model's weights and the rotary tables,
+none of which is ever reallocated: rewind, reset, restore and checkpoint restores only move
+``n_past`` or copy into those tensors, so the graphs stay valid. On a CPU device the same
+step runs eagerly (for tests).
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def choose_span(n_tokens: int, spans: list[int]) -> int:
 
 
 class GraphDecoder:
-    """Decodes one token at a time on ``model`` + ``state`` (a KV-only state whose cache is
-    ``state.cache``) through captured CUDA graphs.
+    """Decodes one token at a time on ``model`` + ``state`` (a state whose KV cache is
+    ``state.cache``; a state with recurrent parts provides ``export_recurrent`` /
+    ``import_recurrent``, used to undo the capture's warm-up step) through captured CUDA
+    graphs.
 
     ``use_graphs``: None captures graphs on CUDA and runs eagerly elsewhere. ``ops``: the
     decode ops (default: :func:`~redlite.layers.decode_ops.decode_ops` for the cache's
@@ -102,12 +105,16 @@ class GraphDecoder:
     def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Warm up (compiles Triton kernels, picks cuBLAS kernels) then capture the step for
         ``span``. The warm-up writes the current token's keys/values at the current position,
-        which the replay that follows writes again identically."""
+        which the replay that follows writes again identically; recurrent states, which the
+        warm-up advances, are put back first."""
+        saved = self.state.export_recurrent() if hasattr(self.state, "export_recurrent") else None
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             self.model.decode_step(self.token, self.pos, self.state, span, self.ops)
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        if saved is not None:
+            self.state.import_recurrent(saved, self.state.n_past)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

@@ -30,8 +30,8 @@ class TorchEngine(Engine):
 
     ``cuda_graphs``: decode through :class:`~redlite.engine.cuda_graphs.GraphDecoder` (one
     captured graph replayed per token). None (default) enables it on CUDA for models with a
-    ``decode_step`` and a rewindable state (the Llama family; the Qwen3.5 hybrid decodes
-    eagerly) unless ``REDLITE_CUDA_GRAPHS=0``; True on CPU runs the same step eagerly (tests).
+    ``decode_step`` and a state with a KV cache (the Llama family and the Qwen3.5 hybrid)
+    unless ``REDLITE_CUDA_GRAPHS=0``; True on CPU runs the same step eagerly (tests).
     ``decode_path`` names the path in use.
     """
 
@@ -59,8 +59,7 @@ class TorchEngine(Engine):
         self._fingerprint: str | None = None
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and os.environ.get("REDLITE_CUDA_GRAPHS", "1") != "0"
-        self._use_graphs = bool(cuda_graphs and self.can_rewind and hasattr(model, "decode_step")
-                                and hasattr(self.state, "cache"))
+        self._use_graphs = bool(cuda_graphs and hasattr(model, "decode_step") and hasattr(self.state, "cache"))
         self._graph_decoder = None
 
     @property

@@ -29,7 +29,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from redlite.layers.norm import rms_norm
+from redlite.layers.norm import rms_norm, zero_centered_rms_norm
 from redlite.layers.rotary import apply_rotary
 
 log = logging.getLogger("redlite.decode_ops")
@@ -46,11 +46,16 @@ class TorchDecodeOps:
         self.linear = linear  # fn(x [T, in], weight [out, in], bias | None) -> [T, out]
 
     def norm_linear(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                    bias: torch.Tensor | None, out_float32: bool = False) -> torch.Tensor:
+                    bias: torch.Tensor | None, out_float32: bool = False,
+                    zero_centered: bool = False) -> torch.Tensor:
         """``linear(rms_norm(x))``: ``x`` [1, K], ``weight`` [N, K] -> new [1, N] in x's dtype,
-        or float32 after that rounding when ``out_float32`` (the logits)."""
-        y = self.linear(self.rms_norm(x, norm_weight, eps), weight, bias)
+        or float32 after that rounding when ``out_float32`` (the logits). ``zero_centered``:
+        the Qwen3.5 norm (:func:`redlite.layers.norm.zero_centered_rms_norm`)."""
+        y = self.linear(self._norm(x, norm_weight, eps, zero_centered), weight, bias)
         return y.float() if out_float32 else y
+
+    def _norm(self, x, weight, eps, zero_centered):
+        return zero_centered_rms_norm(x, weight, eps) if zero_centered else self.rms_norm(x, weight, eps)
 
     def linear_residual(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                         residual: torch.Tensor) -> torch.Tensor:
@@ -58,10 +63,11 @@ class TorchDecodeOps:
         return residual.add_(self.linear(x, weight, bias))
 
     def norm_gate_up(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                     bias: torch.Tensor | None, inter: int) -> torch.Tensor:
+                     bias: torch.Tensor | None, inter: int, zero_centered: bool = False) -> torch.Tensor:
         """``silu(gate) * up`` of ``linear(rms_norm(x))`` with the fused gate/up ``weight``
-        [2 * inter, K] (gate rows first) -> new [1, inter]."""
-        return self.silu_mul(self.linear(self.rms_norm(x, norm_weight, eps), weight, bias), inter)
+        [2 * inter, K] (gate rows first) -> new [1, inter]. ``zero_centered``: as in
+        :meth:`norm_linear`."""
+        return self.silu_mul(self.linear(self._norm(x, norm_weight, eps, zero_centered), weight, bias), inter)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm of ``x`` [T, n] -> new [T, n] (see :func:`redlite.layers.norm.rms_norm`)."""
@@ -120,6 +126,37 @@ class TorchDecodeOps:
         gate, up = gate_up.split(inter, dim=-1)
         return F.silu(gate).mul_(up)
 
+    # --- the Qwen3.5 hybrid family ---------------------------------------------------------
+
+    def gated_rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float, keys: torch.Tensor,
+                          values: torch.Tensor, n_heads: int, n_kv_heads: int, head_dim: int,
+                          span: int) -> torch.Tensor:
+        """Qwen3.5 gated attention of one token (as
+        :class:`redlite.layers.gated_attention.GatedAttention` computes it) from its fused
+        projection ``qkv`` [1, (2H + 2 KV) * D] (per query head D query then D gate
+        features, then k, then v): zero-centred q/k norm (``q_norm``/``k_norm`` [D]), partial
+        rotary at ``pos``, k/v written at ``pos``, attention over rows ``0..pos``, times
+        ``sigmoid(gate)``. Returns [1, H * D] (the o projection's input)."""
+        h, kv, d = n_heads, n_kv_heads, head_dim
+        q, gate = qkv[0, :2 * h * d].view(h, 2 * d).split(d, dim=-1)
+        k = qkv[0, 2 * h * d:(2 * h + kv) * d].view(kv, d)
+        v = qkv[0, (2 * h + kv) * d:].view(kv, d)
+        c, s = cos.index_select(0, pos), sin.index_select(0, pos)
+        q = apply_rotary(zero_centered_rms_norm(q, q_norm, eps)[None], c, s)[0]
+        k = apply_rotary(zero_centered_rms_norm(k, k_norm, eps)[None], c, s)[0]
+        keys.index_copy_(1, pos, k[:, None])
+        values.index_copy_(1, pos, v[:, None])
+        out = self.attention(q, keys, values, pos, span, None).reshape(1, h * d)
+        return out * torch.sigmoid(gate.reshape(1, h * d))
+
+    def gdn_step(self, proj: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor,
+                 mixer) -> torch.Tensor:
+        """One token through the Gated DeltaNet layer ``mixer`` between its projections:
+        ``proj`` [1, C + Hv*Dv + 2*Hv] -> [1, Hv*Dv]; the states are updated in place (see
+        :meth:`redlite.layers.gated_deltanet.GatedDeltaNet.mix`, run without fla)."""
+        return mixer.mix(proj, conv_state, recurrent_state, use_fla=False)
+
 
 class TritonDecodeOps(TorchDecodeOps):
     """Fused Triton kernels (CUDA). ``length_from_pos``: True (attention reads keys up to
@@ -141,12 +178,12 @@ class TritonDecodeOps(TorchDecodeOps):
     DEFAULT_PDL_ATTENTION = 0
 
     def __init__(self, device: torch.device, n_kv_heads: int, fused_gemv: bool = True,
-                 pdl: int | None = None, pdl_attention: int | None = None):
+                 pdl: int | None = None, pdl_attention: int | None = None, head_dim: int | None = None):
         super().__init__(F.linear)
         from redlite.layers import triton_decode, triton_gemv
 
         self.kernels, self.gemv = triton_decode, triton_gemv
-        self.n_splits = triton_decode.default_splits(torch.device(device), n_kv_heads)
+        self.n_splits = triton_decode.default_splits(torch.device(device), n_kv_heads, head_dim)
         # finished-slice counts of the attention kernel, one per KV head (it resets them)
         self.counters = torch.zeros(n_kv_heads, dtype=torch.int32, device=device)
         self.fused_gemv = bool(fused_gemv)
@@ -166,21 +203,22 @@ class TritonDecodeOps(TorchDecodeOps):
     def add_rms_norm(self, x, delta, weight, eps):
         return self.kernels.add_rms_norm(x, delta, weight, eps, pdl=self.pdl)
 
-    def norm_linear(self, x, norm_weight, eps, weight, bias, out_float32=False):
+    def norm_linear(self, x, norm_weight, eps, weight, bias, out_float32=False, zero_centered=False):
         if not self.fused_gemv:
-            return super().norm_linear(x, norm_weight, eps, weight, bias, out_float32)
+            return super().norm_linear(x, norm_weight, eps, weight, bias, out_float32, zero_centered)
         return self.gemv.gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, out_float32=out_float32,
-                              pdl=self.pdl)
+                              pdl=self.pdl, zero_centered=zero_centered)
 
     def linear_residual(self, x, weight, bias, residual):
         if not self.fused_gemv:
             return super().linear_residual(x, weight, bias, residual)
         return self.gemv.gemv(x, weight, bias, residual=residual, pdl=self.pdl)
 
-    def norm_gate_up(self, x, norm_weight, eps, weight, bias, inter):
+    def norm_gate_up(self, x, norm_weight, eps, weight, bias, inter, zero_centered=False):
         if not self.fused_gemv:
-            return super().norm_gate_up(x, norm_weight, eps, weight, bias, inter)
-        return self.gemv.gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=True, pdl=self.pdl)
+            return super().norm_gate_up(x, norm_weight, eps, weight, bias, inter, zero_centered)
+        return self.gemv.gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=True, pdl=self.pdl,
+                              zero_centered=zero_centered)
 
     def rope_attend(self, qkv, pos, cos, sin, norm_weight, eps, keys, values, n_heads, n_kv_heads, head_dim,
                     span, window):
@@ -190,6 +228,22 @@ class TritonDecodeOps(TorchDecodeOps):
 
     def silu_mul(self, gate_up, inter):
         return self.kernels.silu_mul(gate_up, inter, pdl=self.pdl)
+
+    def gated_rope_attend(self, qkv, pos, cos, sin, q_norm, k_norm, eps, keys, values, n_heads, n_kv_heads,
+                          head_dim, span):
+        out = self.kernels.decode_attention(qkv, pos, cos, sin, q_norm, eps, keys, values, n_heads, n_kv_heads,
+                                            head_dim, None, self.n_splits, self.counters,
+                                            pdl=self.pdl_attention, gated=True, k_norm_weight=k_norm)
+        return out.view(1, -1)
+
+    def gdn_step(self, proj, conv_state, recurrent_state, mixer):
+        from redlite.layers import triton_gdn
+
+        m = mixer
+        if not triton_gdn.supported(m.num_key_heads, m.num_value_heads, m.key_head_dim, m.value_head_dim,
+                                    m.conv_kernel_size):
+            return super().gdn_step(proj, conv_state, recurrent_state, mixer)
+        return triton_gdn.gdn_step(proj, conv_state, recurrent_state, mixer, pdl=self.pdl)
 
 
 def triton_available() -> bool:
@@ -212,7 +266,7 @@ def decode_ops(device: torch.device | str, dtype: torch.dtype, head_dim: int, n_
     pow2 = head_dim >= 16 and head_dim & (head_dim - 1) == 0
     if (device.type == "cuda" and pow2 and dtype in (torch.float32, torch.bfloat16, torch.float16)
             and triton_available()):
-        return TritonDecodeOps(device, n_kv_heads)
+        return TritonDecodeOps(device, n_kv_heads, head_dim=head_dim)
     if device.type == "cuda":
         log.warning("decode step uses torch ops (Triton missing or head_dim %d unsupported)", head_dim)
     return TorchDecodeOps(linear)

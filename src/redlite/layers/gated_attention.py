@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from redlite.layers.attention import sdpa_backends
 from redlite.layers.linear import linear_kernel
 from redlite.layers.norm import zero_centered_rms_norm
 from redlite.layers.rotary import apply_rotary
@@ -75,7 +76,10 @@ class GatedAttention(nn.Module):
         ``cos``/``sin``: rotary tables ``[T, 1, rotary_dim]`` from
         :class:`~redlite.layers.rotary.RotaryTable`. ``keys``/``values``: this layer's cache
         ``[Hkv, max_tokens, D]``; rows ``< start`` are read, the T new ones written.
-        ``mask``: bool ``[T, start + T]`` or None (causal from 0, or a single token).
+        ``mask``: as :func:`redlite.layers.attention.prefill_mask` gives it (the rule the
+        Llama attention uses: None for causal from 0 or a single token, a lower-right causal
+        bias on CUDA, which keeps chunked prefill on the flash kernel, else a bool
+        ``[T, start + T]``).
         Returns ``[T, hidden]``.
         """
         n_new = x.shape[0]
@@ -89,15 +93,16 @@ class GatedAttention(nn.Module):
         k = apply_rotary(zero_centered_rms_norm(k, self.k_norm_weight, self.eps), cos, sin)
         keys.narrow(1, start, n_new).copy_(k.transpose(0, 1))
         values.narrow(1, start, n_new).copy_(v.transpose(0, 1))
-        if n_new == 1 and mask is None:
-            # one query sees every held key: the query heads of each kv head become the
-            # "positions" of one attention per kv head (no mask, no repeat of K/V)
-            out = F.scaled_dot_product_attention(
-                q.reshape(1, hkv, h // hkv, d), keys[None, :, :end], values[None, :, :end])
-        else:
-            # 4-D inputs: the CPU flash kernel rejects 3-D ones
-            out = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], keys[None, :, :end], values[None, :, :end], attn_mask=mask,
-                is_causal=mask is None, enable_gqa=h != hkv)[0].transpose(0, 1)
+        with sdpa_backends(x.device):
+            if n_new == 1 and mask is None:
+                # one query sees every held key: the query heads of each kv head become the
+                # "positions" of one attention per kv head (no mask, no repeat of K/V)
+                out = F.scaled_dot_product_attention(
+                    q.reshape(1, hkv, h // hkv, d), keys[None, :, :end], values[None, :, :end])
+            else:
+                # 4-D inputs: the CPU flash kernel rejects 3-D ones
+                out = F.scaled_dot_product_attention(
+                    q.transpose(0, 1)[None], keys[None, :, :end], values[None, :, :end], attn_mask=mask,
+                    is_causal=mask is None, enable_gqa=h != hkv)[0].transpose(0, 1)
         out = out.reshape(n_new, h * d) * torch.sigmoid(gate.reshape(n_new, h * d))
         return self.linear(out, self.o_weight, self.o_bias)

@@ -184,10 +184,18 @@ class GatedDeltaNet(nn.Module):
         conv_state ``[C, K - 1]`` and recurrent_state ``[Hv, Dk, Dv]`` (float32) are updated
         in place to include the T tokens. Returns ``[T, hidden]`` in ``x``'s dtype.
         """
-        length = x.shape[0]
-        hv, dk, dv = self.num_value_heads, self.key_head_dim, self.value_head_dim
-
         proj = self.linear(x, self.in_proj_weight, None)
+        return self.linear(self.mix(proj, conv_state, recurrent_state), self.out_weight, None)
+
+    def mix(self, proj: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor,
+            use_fla: bool | None = None) -> torch.Tensor:
+        """Everything between the two projections: ``proj`` (``[T, C + Hv*Dv + 2*Hv]``, the
+        input projection's output) -> ``[T, Hv*Dv]`` in proj's dtype, the gated-normalised
+        output that ``out_proj`` takes; the states are updated in place as in :meth:`forward`.
+        ``use_fla``: None uses flash-linear-attention where :func:`fla_available`; False
+        forces the torch kernels (the graph-capturable decode reference)."""
+        length = proj.shape[0]
+        hv, dk, dv = self.num_value_heads, self.key_head_dim, self.value_head_dim
         qkv, z, b, a = proj.split([self.conv_dim, self.value_dim, hv, hv], dim=-1)
         qkv = causal_conv1d(qkv, conv_state, self.conv_weight)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -198,7 +206,7 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
-        if fla_available(x.device):
+        if fla_available(proj.device) if use_fla is None else use_fla:
             o, new_state = self._fla_rule(q, k, v, g, beta, recurrent_state)
         else:
             qn = l2_normalize(q) * (dk ** -0.5)
@@ -214,7 +222,7 @@ class GatedDeltaNet(nn.Module):
         o = o.float()
         o = o * torch.rsqrt(o.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         o = o * self.norm_weight.float() * F.silu(z.reshape(length, hv, dv).float())
-        return self.linear(o.reshape(length, self.value_dim).to(x.dtype), self.out_weight, None)
+        return o.reshape(length, self.value_dim).to(proj.dtype)
 
     def _fla_rule(self, q, k, v, g, beta, recurrent_state):
         """The flash-linear-attention path (CUDA only; untested on CPU hosts).

@@ -55,37 +55,48 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, out_ptr, n_cols, eps,
 
 
 @triton.jit
-def _norm_rope(base, rows, rmask, nw_ptr, nw_rows, c, s, eps, D: tl.constexpr, R: tl.constexpr,
-               HAS_NORM: tl.constexpr, dt: tl.constexpr):
-    """Heads ``rows`` ([G]) of the projection at ``base`` ([heads, D] row-major): per-head
-    RMSNorm (weight rows ``nw_rows`` of ``nw_ptr`` [heads, D]) when ``HAS_NORM``, then rotary
-    with ``c``/``s`` ([D]; the first R features rotate). Returns [G, D] in ``dt``, rounded as
-    :func:`redlite.layers.rotary.apply_rotary` and :func:`redlite.layers.norm.rms_norm` round."""
+def _norm_rope(base, rows, rmask, row_stride, nw_ptr, nw_rows, c, s, eps, D: tl.constexpr, R: tl.constexpr,
+               HAS_NORM: tl.constexpr, ZC: tl.constexpr, dt: tl.constexpr):
+    """Heads ``rows`` ([G]) of the projection at ``base`` (head ``r`` at ``base + r *
+    row_stride``, D features): per-head RMSNorm (weight rows ``nw_rows`` of ``nw_ptr``
+    [rows, D]; ``ZC``: the zero-centred form, scale ``1 + w`` in float32) when ``HAS_NORM``,
+    then rotary with ``c``/``s`` ([D]; the first R features rotate). Returns [G, D] in ``dt``,
+    rounded as :func:`redlite.layers.rotary.apply_rotary` and the norms of
+    :mod:`redlite.layers.norm` round."""
     d = tl.arange(0, D)
     rot = d < R
     swap = tl.where(d < R // 2, d + R // 2, d - R // 2)
-    x = tl.load(base + rows[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
-    xs = tl.load(base + rows[:, None] * D + swap[None, :], mask=rmask[:, None] & rot[None, :],
+    x = tl.load(base + rows[:, None] * row_stride + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    xs = tl.load(base + rows[:, None] * row_stride + swap[None, :], mask=rmask[:, None] & rot[None, :],
                  other=0.0).to(tl.float32)
     if HAS_NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
         w = tl.load(nw_ptr + nw_rows[:, None] * D + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
         ws = tl.load(nw_ptr + nw_rows[:, None] * D + swap[None, :], mask=rmask[:, None] & rot[None, :],
                      other=0.0).to(tl.float32)
-        x = (w * (x * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        xs = (ws * (xs * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        if ZC:
+            x = (x * rstd[:, None] * (1.0 + w)).to(dt).to(tl.float32)
+            xs = (xs * rstd[:, None] * (1.0 + ws)).to(dt).to(tl.float32)
+        else:
+            x = (w * (x * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            xs = (ws * (xs * rstd[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     a = (x * c[None, :]).to(dt).to(tl.float32)
     return tl.where(rot[None, :], a + xs * s[None, :], x).to(dt)
 
 
 @triton.jit
-def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, k_ptr, v_ptr,
+def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, knw_ptr, k_ptr, v_ptr,
                              o_ptr, lse_ptr, count_ptr, out_ptr,
                              stride_cos, stride_kh, stride_kt, stride_vh, stride_vt, window, qk_scale, eps,
                              n_splits, H: tl.constexpr, KV: tl.constexpr, GROUP: tl.constexpr,
                              BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
                              HAS_NORM: tl.constexpr, IEEE: tl.constexpr, BLOCK_S: tl.constexpr,
-                             PDL: tl.constexpr):
+                             PDL: tl.constexpr, GATED: tl.constexpr = False, ZC: tl.constexpr = False,
+                             NW_ROWS: tl.constexpr = 1, QS: tl.constexpr = 0):
+    # GATED (Qwen3.5): each query head's D features are followed by D gate features, and the
+    # output is multiplied by sigmoid(gate). NW_ROWS 1: one norm row per head (q rows in
+    # nw_ptr, k rows in knw_ptr); 0: one row shared by the q heads and one by the k heads.
+    # QS: distance between query heads in qkv (D, or 2 D when GATED).
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pdl_sync(PDL)
@@ -102,13 +113,15 @@ def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, k_ptr, 
     gmask = g < GROUP
     c = tl.load(cos_ptr + pos * stride_cos + d, mask=d < R, other=1.0).to(tl.float32)
     s = tl.load(sin_ptr + pos * stride_cos + d, mask=d < R, other=0.0).to(tl.float32)
-    q = _norm_rope(qkv_ptr, heads, gmask, nw_ptr, heads, c, s, eps, D, R, HAS_NORM, dt)
+    q = _norm_rope(qkv_ptr, heads, gmask, QS, nw_ptr, heads * NW_ROWS, c, s, eps, D, R, HAS_NORM, ZC, dt)
     k_base = k_ptr + kvh * stride_kh
     v_base = v_ptr + kvh * stride_vh
     if (pos >= lo) & (pos < hi):  # this program reads key `pos`: write it (and its value) first
         one = g < 1
-        k_row = _norm_rope(qkv_ptr, H + kvh + g * 0, one, nw_ptr, H + kvh + g * 0, c, s, eps, D, R, HAS_NORM, dt)
-        v_row = tl.load(qkv_ptr + (H + KV + kvh) * D + g[:, None] * 0 + d[None, :], mask=one[:, None], other=0.0)
+        k_row = _norm_rope(qkv_ptr + H * QS, kvh + g * 0, one, D, knw_ptr, (kvh + g * 0) * NW_ROWS, c, s, eps,
+                           D, R, HAS_NORM, ZC, dt)
+        v_row = tl.load(qkv_ptr + H * QS + (KV + kvh) * D + g[:, None] * 0 + d[None, :], mask=one[:, None],
+                        other=0.0)
         tl.store(k_base + pos * stride_kt + g[:, None] * 0 + d[None, :], k_row, mask=one[:, None])
         tl.store(v_base + pos * stride_vt + g[:, None] * 0 + d[None, :], v_row, mask=one[:, None])
         tl.debug_barrier()
@@ -153,7 +166,11 @@ def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, k_ptr, 
             w = tl.exp2(part_lse - tl.max(part_lse, axis=0))
             part = tl.load(o_ptr + (sp[:, None] * H + head) * D + d[None, :], mask=smask[:, None], other=0.0,
                            cache_modifier=".cg")
-            tl.store(out_ptr + head * D + d, (tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)).to(dt))
+            res = (tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)).to(dt)
+            if GATED:
+                gate = tl.load(qkv_ptr + head * QS + D + d).to(tl.float32)
+                res = (res.to(tl.float32) * (1.0 / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)).to(dt)
+            tl.store(out_ptr + head * D + d, res)
         tl.atomic_xchg(count_ptr + kvh, 0)
 
 
@@ -198,20 +215,32 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 # 66 splits, block_n 128 or 8 warps were no better on the second machine. Not re-swept for the
 # one-kernel attention (its 32k decode is 86% of the bandwidth bound in bench/results/).
 ATTN_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "splits_per_sm": 2}
+# Per head size, where other settings measured faster (bench/hybrid_tune.py; its output is in
+# bench/results/); missing keys come from ATTN_CONFIG.
+# head_dim 256 (Qwen3.5 gated attention, 16 q / 4 kv heads): 29.4 / 63.0 us per layer at 8k /
+# 32k keys against 44.1 / 81.1 with ATTN_CONFIG (hybrid-tune-2026-12-01-nvidia-h200).
+ATTN_CONFIGS_BY_DIM: dict[int, dict] = {256: {"block_n": 32, "num_warps": 4, "num_stages": 2}}
 
 
-def default_splits(device: torch.device, n_kv_heads: int) -> int:
-    """Key slices per KV head: ``ATTN_CONFIG["splits_per_sm"]`` programs per multiprocessor
-    over all KV heads (at least 1, at most 128)."""
+def attn_config(head_dim: int | None = None) -> dict:
+    """The attention launch settings for ``head_dim`` (``ATTN_CONFIG`` overridden by
+    ``ATTN_CONFIGS_BY_DIM[head_dim]``)."""
+    return {**ATTN_CONFIG, **ATTN_CONFIGS_BY_DIM.get(head_dim, {})}
+
+
+def default_splits(device: torch.device, n_kv_heads: int, head_dim: int | None = None) -> int:
+    """Key slices per KV head: ``splits_per_sm`` (of :func:`attn_config`) programs per
+    multiprocessor over all KV heads (at least 1, at most 128)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    return max(1, min(128, math.ceil(ATTN_CONFIG["splits_per_sm"] * sms / n_kv_heads)))
+    return max(1, min(128, math.ceil(attn_config(head_dim)["splits_per_sm"] * sms / n_kv_heads)))
 
 
 def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      norm_weight: torch.Tensor | None, eps: float, keys: torch.Tensor, values: torch.Tensor,
                      n_heads: int, n_kv_heads: int, head_dim: int, window: int | None, n_splits: int,
                      counters: torch.Tensor, block_n: int | None = None, num_warps: int | None = None,
-                     num_stages: int | None = None, pdl: int = 0) -> torch.Tensor:
+                     num_stages: int | None = None, pdl: int = 0, gated: bool = False,
+                     k_norm_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one token in one kernel launch: from its fused projection ``qkv`` [1,
     (H + 2 KV) * D] (see :meth:`redlite.layers.decode_ops.TorchDecodeOps.rope_attend`: q/k
     RMSNorm with ``norm_weight`` [H + KV, D] when given, rotary at ``pos`` from the tables
@@ -222,24 +251,35 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     Split-KV ("flash decoding"): ``n_splits`` programs per KV head each take a slice of the
     keys, and the last of them to finish (counted in ``counters``, int32 [KV] zeros, reset by
     the kernel) combines the slices. ``block_n`` (keys per step), ``num_warps``,
-    ``num_stages``: launch settings, default ``ATTN_CONFIG``. ``pdl``: programmatic dependent
+    ``num_stages``: launch settings, default :func:`attn_config`. ``pdl``: programmatic dependent
     launch (see :mod:`redlite.layers.triton_gemv`).
+
+    Qwen3.5 gated attention (``gated``): ``qkv`` is [1, (2H + 2 KV) * D] with each query
+    head's D features followed by its D gate features; the zero-centred norm
+    (``x * rstd * (1 + w)``) is used with ``norm_weight`` [D] for every q head and
+    ``k_norm_weight`` [D] for every k head; the output is multiplied by ``sigmoid(gate)``
+    (rounded as :class:`redlite.layers.gated_attention.GatedAttention` rounds).
     """
-    block_n = block_n or ATTN_CONFIG["block_n"]
-    num_warps = num_warps or ATTN_CONFIG["num_warps"]
-    num_stages = num_stages or ATTN_CONFIG["num_stages"]
+    config = attn_config(head_dim)
+    block_n = block_n or config["block_n"]
+    num_warps = num_warps or config["num_warps"]
+    num_stages = num_stages or config["num_stages"]
     group = n_heads // n_kv_heads
     o_part = torch.empty(n_splits, n_heads, head_dim, device=qkv.device, dtype=torch.float32)
     lse = torch.empty(n_splits, n_heads, device=qkv.device, dtype=torch.float32)
     out = torch.empty(n_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
+    if gated:
+        knw = k_norm_weight
+    else:  # the k rows follow the q rows of the per-head norm weight
+        knw = qkv if norm_weight is None else norm_weight[n_heads:]
     _decode_attention_kernel[(n_kv_heads, n_splits)](
-        qkv, pos, cos, sin, qkv if norm_weight is None else norm_weight, keys, values, o_part, lse, counters,
+        qkv, pos, cos, sin, qkv if norm_weight is None else norm_weight, knw, keys, values, o_part, lse, counters,
         out, cos.stride(0), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
         int(window or NO_WINDOW), LOG2E / math.sqrt(head_dim), float(eps), n_splits, H=n_heads, KV=n_kv_heads,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=head_dim,
         R=cos.shape[-1], HAS_NORM=norm_weight is not None, IEEE=qkv.dtype == torch.float32,
-        BLOCK_S=triton.next_power_of_2(n_splits), PDL=int(pdl),
-        num_warps=num_warps, num_stages=num_stages, **_pdl(pdl))
+        BLOCK_S=triton.next_power_of_2(n_splits), PDL=int(pdl), GATED=bool(gated), ZC=bool(gated),
+        NW_ROWS=0 if gated else 1, QS=(2 if gated else 1) * head_dim, num_warps=num_warps, num_stages=num_stages, **_pdl(pdl))
     return out
 
 

@@ -59,14 +59,18 @@ def pdl_sync(PDL: tl.constexpr):
 
 
 @triton.jit
-def _x_tile(x_ptr, nw_ptr, k0, ks, K, rstd, NORM: tl.constexpr, dt: tl.constexpr):
-    """Columns ``k0 + ks`` of the (normalised) input row as float32, rounded like torch."""
+def _x_tile(x_ptr, nw_ptr, k0, ks, K, rstd, NORM: tl.constexpr, ZC: tl.constexpr, dt: tl.constexpr):
+    """Columns ``k0 + ks`` of the (normalised) input row as float32, rounded like torch
+    (``ZC``: the zero-centred Qwen3.5 norm, scaled by ``1 + w`` in float32 before rounding)."""
     cols = k0 + ks
     kmask = cols < K
     x = tl.load(x_ptr + cols, mask=kmask, other=0.0).to(tl.float32)
     if NORM:
         w = tl.load(nw_ptr + cols, mask=kmask, other=0.0).to(tl.float32)
-        x = (w * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        if ZC:
+            x = (x * rstd * (1.0 + w)).to(dt).to(tl.float32)
+        else:
+            x = (w * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     return x
 
 
@@ -87,7 +91,7 @@ def _load_tile(w_ptr, block, N, K, k0, ks, BLOCK_N: tl.constexpr, MODE: tl.const
 
 @triton.jit
 def _row_block(w, w_up, x0, block, w_ptr, x_ptr, nw_ptr, b_ptr, out_ptr, N, K, rstd, ks,
-               NORM: tl.constexpr, BIAS: tl.constexpr, MODE: tl.constexpr, OUT_F32: tl.constexpr,
+               NORM: tl.constexpr, ZC: tl.constexpr, BIAS: tl.constexpr, MODE: tl.constexpr, OUT_F32: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dt: tl.constexpr):
     """Finish row block ``block`` from its first tile ``w``/``w_up`` and first input tile
     ``x0``: the remaining column tiles, then the epilogue of the form MODE."""
@@ -98,7 +102,7 @@ def _row_block(w, w_up, x0, block, w_ptr, x_ptr, nw_ptr, b_ptr, out_ptr, N, K, r
     if MODE == 2:
         acc_up = tl.sum(w_up.to(tl.float32) * x0[None, :], axis=1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
-        x = _x_tile(x_ptr, nw_ptr, k0, ks, K, rstd, NORM, dt)
+        x = _x_tile(x_ptr, nw_ptr, k0, ks, K, rstd, NORM, ZC, dt)
         w, w_up = _load_tile(w_ptr, block, N, K, k0, ks, BLOCK_N, MODE)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if MODE == 2:
@@ -123,7 +127,7 @@ def _row_block(w, w_up, x0, block, w_ptr, x_ptr, nw_ptr, b_ptr, out_ptr, N, K, r
 
 @triton.jit
 def _gemv_kernel(w_ptr, x_ptr, nw_ptr, b_ptr, out_ptr, N, K, eps, n_blocks,
-                 NORM: tl.constexpr, BIAS: tl.constexpr, MODE: tl.constexpr, OUT_F32: tl.constexpr,
+                 NORM: tl.constexpr, ZC: tl.constexpr, BIAS: tl.constexpr, MODE: tl.constexpr, OUT_F32: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     # programs stride over the row blocks; each loads the next block's first tile before it
     # works on the current one, and the very first before waiting for the previous kernel
@@ -140,11 +144,11 @@ def _gemv_kernel(w_ptr, x_ptr, nw_ptr, b_ptr, out_ptr, N, K, eps, n_blocks,
             xs = tl.load(x_ptr + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
             sumsq += xs * xs
         rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps)
-    x0 = _x_tile(x_ptr, nw_ptr, 0, ks, K, rstd, NORM, dt)
+    x0 = _x_tile(x_ptr, nw_ptr, 0, ks, K, rstd, NORM, ZC, dt)
     for block in range(pid, n_blocks, step):
         w_next, w_up_next = _load_tile(w_ptr, block + step, N, K, 0, ks, BLOCK_N, MODE)
         _row_block(w, w_up, x0, block, w_ptr, x_ptr, nw_ptr, b_ptr, out_ptr, N, K, rstd, ks,
-                   NORM, BIAS, MODE, OUT_F32, BLOCK_N, BLOCK_K, dt)
+                   NORM, ZC, BIAS, MODE, OUT_F32, BLOCK_N, BLOCK_K, dt)
         w, w_up = w_next, w_up_next
 
 
@@ -157,7 +161,10 @@ Config = tuple[int, int, int, int, int]
 GEMV_CONFIGS: dict[tuple[int, int, int], Config] = {
     (PLAIN, 6144, 4096): (4, 4096, 8, 1, 2), (RESIDUAL, 4096, 4096): (4, 4096, 8, 1, 2),
     (GATED, 12288, 4096): (2, 4096, 8, 1, 2), (RESIDUAL, 4096, 12288): (8, 1024, 4, 1, 4),
-    (PLAIN, 151936, 4096): (4, 4096, 8, 1, 4)}
+    (PLAIN, 151936, 4096): (4, 4096, 8, 1, 4),
+    # Qwen3.5-9B shapes, not swept: the settings of the nearest Qwen3-8B shape
+    (PLAIN, 12352, 4096): (4, 4096, 8, 1, 2), (PLAIN, 10240, 4096): (4, 4096, 8, 1, 2),
+    (PLAIN, 248320, 4096): (4, 4096, 8, 1, 4)}
 DEFAULT_CONFIG: Config = (4, 4096, 8, 1, 2)
 
 
@@ -194,7 +201,7 @@ def pdl_supported(device: torch.device) -> bool:
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
          gated: bool = False, out_float32: bool = False, pdl: int = 0,
-         config: Config | None = None) -> torch.Tensor:
+         config: Config | None = None, zero_centered: bool = False) -> torch.Tensor:
     """One token through a weight: ``x`` [1, K] (contiguous), ``weight`` [N, K] or, ``gated``,
     [2N, K]; ``bias`` [N] (or [2N]) or None; all one dtype. Returns:
 
@@ -203,7 +210,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     * otherwise ``W @ x`` [1, N] in x's dtype, or float32 (rounded to x's dtype first) when
       ``out_float32``.
 
-    ``norm_weight`` [K]: RMSNorm ``x`` with it and ``eps`` first. ``pdl`` (only where
+    ``norm_weight`` [K]: RMSNorm ``x`` with it and ``eps`` first (``zero_centered``: the
+    Qwen3.5 form ``x * rstd * (1 + w)``, as :func:`redlite.layers.norm.zero_centered_rms_norm`
+    rounds). ``pdl`` (only where
     :func:`pdl_supported`): 0 launches plainly; 1 with programmatic dependent launch, letting
     the next kernel launch once this one's programs have waited for the previous kernel; 2
     letting it launch at once. ``config``: launch settings, default :func:`gemv_config`.
@@ -226,7 +235,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     extra = {"launch_pdl": True} if pdl else {}
     _gemv_kernel[(programs,)](
         weight, x, x if norm_weight is None else norm_weight, x if bias is None else bias, out,
-        rows, k, float(eps), n_blocks, NORM=norm_weight is not None, BIAS=bias is not None, MODE=mode,
+        rows, k, float(eps), n_blocks, NORM=norm_weight is not None, ZC=bool(zero_centered),
+        BIAS=bias is not None, MODE=mode,
         OUT_F32=out_float32, BLOCK_N=block_n, BLOCK_K=block_k, PDL=int(pdl),
         num_warps=warps, num_stages=stages, **extra)
     return out

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from redlite.layers.attention import causal_mask
+from redlite.layers.attention import prefill_mask
 from redlite.layers.gated_attention import GatedAttention
 from redlite.layers.gated_deltanet import GatedDeltaNet
 from redlite.layers.linear import linear_kernel
@@ -233,8 +233,7 @@ class Qwen3_5Model(CausalLM):
         cos = sin = mask = None
         if state.kv_slot:
             cos, sin = self.rotary.get(start, start + n_new, x.device, x.dtype)
-            if start > 0 and n_new > 1:
-                mask = causal_mask(start, n_new, None, x.device)
+            mask = prefill_mask(start, n_new, None, x.device)
         keys, values = state.cache.keys, state.cache.values
         for i, layer in enumerate(self.layers):
             h = layer.input_layernorm(x)
@@ -249,6 +248,44 @@ class Qwen3_5Model(CausalLM):
         if not all_logits:
             x = x[-1:]
         return self.linear(self.norm(x), self.lm_head_weight, None).float()
+
+    def decode_step(self, token: torch.Tensor, pos: torch.Tensor, state: Qwen3_5State, span: int,
+                    ops) -> torch.Tensor:
+        """One decode token with its position as a device tensor, capturable in a CUDA graph
+        (see :mod:`redlite.engine.cuda_graphs`; the contract of
+        :meth:`redlite.models.llama.LlamaModel.decode_step`): no host reads, no allocation
+        that depends on the position; the conv/recurrent states are updated in place and the
+        token's keys/values written at ``pos``; ``state.n_past`` is left to the caller.
+
+        Per Gated DeltaNet layer: ``norm_linear`` (input norm + in_proj), ``gdn_step``
+        (conv, delta rule, gated norm), ``linear_residual`` (out_proj + residual); per full
+        attention layer ``norm_linear`` (qkv), ``gated_rope_attend``, ``linear_residual``;
+        then the MLP as in the Llama family, all norms zero-centred. Returns float32 logits
+        [1, vocab] (the same as :meth:`forward` up to rounding).
+        """
+        x = F.embedding(token, self.embed_weight)  # the residual stream, updated in place
+        cos, sin = self.rotary.get(0, state.max_tokens, x.device, x.dtype)
+        keys, values = state.cache.keys, state.cache.values
+        for i, layer in enumerate(self.layers):
+            norm = layer.input_layernorm
+            if layer.layer_type == LINEAR:
+                mixer = layer.linear_attn
+                proj = ops.norm_linear(x, norm.weight, norm.eps, mixer.in_proj_weight, None, zero_centered=True)
+                out = ops.gdn_step(proj, state.conv[i], state.recurrent[i], mixer)
+                ops.linear_residual(out, mixer.out_weight, None, x)
+            else:
+                attn, slot = layer.self_attn, state.kv_slot[i]
+                qkv = ops.norm_linear(x, norm.weight, norm.eps, attn.qkv_weight, attn.qkv_bias, zero_centered=True)
+                out = ops.gated_rope_attend(qkv, pos, cos, sin, attn.q_norm_weight, attn.k_norm_weight, attn.eps,
+                                            keys[slot], values[slot], attn.n_heads, attn.n_kv_heads,
+                                            attn.head_dim, span)
+                ops.linear_residual(out, attn.o_weight, attn.o_bias, x)
+            post, mlp = layer.post_attention_layernorm, layer.mlp
+            act = ops.norm_gate_up(x, post.weight, post.eps, mlp.gate_up_weight, mlp.gate_up_bias, mlp.inter,
+                                   zero_centered=True)
+            ops.linear_residual(act, mlp.down_weight, mlp.down_bias, x)
+        return ops.norm_linear(x, self.norm.weight, self.norm.eps, self.lm_head_weight, None, out_float32=True,
+                               zero_centered=True)
 
 
 # --- loader ---------------------------------------------------------------------------------

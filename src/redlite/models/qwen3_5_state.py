@@ -52,14 +52,20 @@ class Qwen3_5State(ModelState):
         self.conv: dict[int, torch.Tensor] = {}
         self.recurrent: dict[int, torch.Tensor] = {}
         self.kv_slot: dict[int, int] = {}
+        shapes = {}
         for i, layer in enumerate(model.layers):
             if layer.layer_type == LINEAR:
                 mixer = layer.linear_attn
-                self.conv[i] = torch.zeros(mixer.conv_state_shape(), device=self.device, dtype=dtype)
-                self.recurrent[i] = torch.zeros(mixer.recurrent_state_shape(), device=self.device,
-                                                dtype=torch.float32)
+                shapes[i] = (mixer.conv_state_shape(), mixer.recurrent_state_shape())
             else:
                 self.kv_slot[i] = len(self.kv_slot)
+        # every conv state is a view of one flat tensor, every recurrent state of another, so a
+        # checkpoint is two copies (not two per layer)
+        self._flat = (torch.zeros(sum(_numel(c) for c, _ in shapes.values()), device=self.device, dtype=dtype),
+                      torch.zeros(sum(_numel(r) for _, r in shapes.values()), device=self.device,
+                                  dtype=torch.float32))
+        self.conv, self.recurrent = _views(self._flat, shapes)
+        self._shapes = shapes
         cfg = model.text_config
         n_heads = int(cfg["num_attention_heads"])
         self.cache = KVCache(len(self.kv_slot), int(cfg.get("num_key_value_heads") or n_heads),
@@ -96,8 +102,8 @@ class Qwen3_5State(ModelState):
         """Back to the empty sequence (``n_past = 0``, zero conv/recurrent states) without
         reallocating: position 0 is the one rollback target that needs no checkpoint."""
         with torch.inference_mode():
-            for t in (*self.conv.values(), *self.recurrent.values()):
-                t.zero_()
+            for flat in self._flat:
+                flat.zero_()
         self.n_past = 0
 
     def export_recurrent(self, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
@@ -107,13 +113,17 @@ class Qwen3_5State(ModelState):
         [Hv, Dk, Dv] float32}`` for each linear-attention layer ``i``, on ``device``
         (default: the state's device, fastest on GPU; ``"cpu"`` for host copies). Total
         size: :meth:`recurrent_nbytes`. KV caches are not included: they are append-only,
-        so cutting them back (done by :meth:`import_recurrent`) restores them.
+        so cutting them back (done by :meth:`import_recurrent`) restores them. The tensors are
+        views of two flat copies (one per dtype): two device copies per checkpoint.
         """
         target = self.device if device is None else torch.device(device)
-        out: dict[str, torch.Tensor] = {}
+        flats = tuple(flat.to(target, copy=True) for flat in self._flat)
+        conv, recurrent = _views(flats, self._shapes)
+        out = _Payload()
+        out.flats = flats
         for i in self.conv:
-            out[f"layers.{i}.conv"] = self.conv[i].to(target, copy=True)
-            out[f"layers.{i}.recurrent"] = self.recurrent[i].to(target, copy=True)
+            out[f"layers.{i}.conv"] = conv[i]
+            out[f"layers.{i}.recurrent"] = recurrent[i]
         return out
 
     def import_recurrent(self, tensors: Mapping[str, torch.Tensor], position: int) -> None:
@@ -130,9 +140,24 @@ class Qwen3_5State(ModelState):
         targets = self._recurrent_targets()
         self._check(tensors, targets)
         with torch.inference_mode():
-            for name, dest in targets.items():
-                dest.copy_(tensors[name])
+            self._copy_in(tensors, targets)
         self.n_past = int(position)
+
+    def _copy_in(self, tensors: Mapping[str, torch.Tensor], targets: Mapping[str, torch.Tensor]) -> None:
+        """Copy ``tensors`` into ``targets`` (same names): one flat copy per dtype when the
+        tensors are a payload of :meth:`export_recurrent`, else one multi-tensor copy."""
+        flats = getattr(tensors, "flats", ())
+        if len(flats) == 2 and all(f.shape == d.shape for f, d in zip(flats, self._flat)):
+            for dest, src in zip(self._flat, flats):
+                dest.copy_(src)
+            return
+        names = list(targets)
+        srcs, dests = [tensors[n] for n in names], [targets[n] for n in names]
+        if all(s.device == d.device and s.dtype == d.dtype for s, d in zip(srcs, dests)):
+            torch._foreach_copy_(dests, srcs)
+        else:
+            for dest, src in zip(dests, srcs):
+                dest.copy_(src)
 
     def _recurrent_targets(self) -> dict[str, torch.Tensor]:
         targets = {}
@@ -153,7 +178,8 @@ class Qwen3_5State(ModelState):
         n = self.n_past if n_tokens is None else int(n_tokens)
         if not 0 <= n <= self.n_past or (n != self.n_past and not self.can_truncate):
             raise EngineError(f"cannot export {n} tokens of a Qwen3.5 state holding {self.n_past}")
-        out = {name: t.contiguous() for name, t in self.export_recurrent("cpu").items()}
+        # one CPU tensor per name (not views of one buffer: safetensors refuses shared storage)
+        out = {name: t.to("cpu", copy=True) for name, t in self._recurrent_targets().items()}
         out["kv"] = self.cache.export(n)
         return out
 
@@ -171,8 +197,7 @@ class Qwen3_5State(ModelState):
         expected["kv"] = kv
         self._check(tensors, expected)
         with torch.inference_mode():
-            for name, dest in targets.items():
-                dest.copy_(tensors[name])
+            self._copy_in(tensors, targets)
             kv.copy_(tensors["kv"])
         self.n_past = int(n_past)
 
@@ -187,6 +212,30 @@ class Qwen3_5State(ModelState):
             if tuple(tensors[name].shape) != tuple(dest.shape):
                 raise EngineError(f"state tensor {name}: shape {tuple(tensors[name].shape)}, "
                                   f"expected {tuple(dest.shape)}")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _views(flats: tuple[torch.Tensor, torch.Tensor], shapes: dict) -> tuple[dict, dict]:
+    """Per-layer conv and recurrent views of the two flat tensors, in layer order."""
+    conv, recurrent, offsets = {}, {}, [0, 0]
+    for i, (c_shape, r_shape) in shapes.items():
+        for j, (shape, out) in enumerate(((c_shape, conv), (r_shape, recurrent))):
+            n = _numel(shape)
+            out[i] = flats[j][offsets[j]:offsets[j] + n].view(shape)
+            offsets[j] += n
+    return conv, recurrent
+
+
+class _Payload(dict):
+    """A checkpoint payload (name -> view) that also keeps the two flat tensors it views."""
+
+    flats: tuple[torch.Tensor, torch.Tensor] = ()
 
 
 def export_recurrent(state: Qwen3_5State, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:

@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator
 from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
 from redlite.core.constraints import ConstraintError, ConstraintSpec, build_constraint
 from redlite.core.grammar import check_constraint
-from redlite.core.chat_render import detect_formats, forced_opening, render_request, tool_schemas
+from redlite.core.chat_render import detect_formats, render_request, tool_schemas
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.tokenizer import PromptTooLong, min_prompt_tokens
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
@@ -237,17 +237,10 @@ class ChatService:
         fmt = self.tool_format if parse_tools else None
         start_in_reasoning = bool(self.reasoning_format) and rendered.text.rstrip().endswith("<think>")
         constraint = self.constraint_of(request, fmt, start_in_reasoning)
-        forced = constraint is not None and constraint.kind == "tool_call"
-        prefix = forced_opening(self.tool_format, request.tool_choice, request.tools) \
-            if fmt and not forced else ""
         ids = list(rendered.token_ids)
-        if prefix:
-            ids += self._encode_plain(prefix)
-        text = rendered.text + prefix
         parse = ParseOptions(
             tool_format=fmt, reasoning=self.reasoning_format,
-            start_in_reasoning=start_in_reasoning,
-            schemas=tool_schemas(request.tools), prefix=prefix,
+            start_in_reasoning=start_in_reasoning, schemas=tool_schemas(request.tools),
             max_calls=None if request.parallel_tool_calls else 1)
         if not ids:
             raise APIError(400, "the prompt is empty", "messages")
@@ -260,7 +253,7 @@ class ChatService:
         generation = GenerationRequest(ids, request.max_tokens, sampling, list(request.stop),
                                        list(rendered.message_ends), request.request_id, parse=parse,
                                        n=max(1, request.n))
-        return PreparedChat(generation, parse, text)
+        return PreparedChat(generation, parse, rendered.text)
 
     def constraint_of(self, request: ChatRequest, tool_format: str | None,
                       start_in_reasoning: bool) -> ConstraintSpec | None:
@@ -286,13 +279,6 @@ class ChatService:
                 return None
             raise APIError(400, str(error), error.param) from None
         return spec
-
-    def _encode_plain(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text)
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        if getattr(self.tokenizer, "add_bos", False) and ids[:1] == [bos]:
-            ids = ids[1:]  # a continuation, not a new text
-        return ids
 
     async def prepare(self, request: ChatRequest) -> PreparedChat:
         return await asyncio.to_thread(self.prepare_sync, request)

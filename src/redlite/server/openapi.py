@@ -18,6 +18,7 @@ from fastapi.openapi.utils import get_openapi
 from redlite.core.sessions import SESSION_NAME
 from redlite.server.schemas import (UNSUPPORTED_FIELDS, ChatCompletionRequest,
                                     CompletionRequest, SlotRequest, unsupported_json_schema)
+from redlite.server.sampling_fields import MAX_TOP_LOGPROBS
 from redlite.server.slots import MAX_FILENAME
 from redlite.server.wire_openapi import wire_paths, wire_routes
 
@@ -96,6 +97,30 @@ def _prompt_schema(vocab_size: int) -> dict:
                                                                    "minLength": 1}}]}
 
 
+def _max_int_pattern(n: int) -> str:
+    """A regex matching the decimal integers 0..n (no leading zeros, no sign), ``n >= 0``."""
+    digits = str(n)
+    options = ["0"] if len(digits) > 1 else []
+    if len(digits) > 2:
+        options.append(f"[1-9][0-9]{{0,{len(digits) - 2}}}")
+    elif len(digits) == 2:
+        options.append("[1-9]")
+    # exactly len(digits) digits, at most n: equal to n up to position i, smaller at i
+    for i, d in enumerate(digits):
+        low = "1" if i == 0 and len(digits) > 1 else "0"
+        if int(d) > int(low):
+            rest = len(digits) - i - 1
+            options.append(digits[:i] + f"[{low}-{int(d) - 1}]" + (f"[0-9]{{{rest}}}" if rest else ""))
+    options.append(digits)
+    return "^(" + "|".join(options) + ")$"
+
+
+def _logit_bias_schema(vocab_size: int) -> dict:
+    return {"anyOf": [{"type": "null"}, {
+        "type": "object", "propertyNames": {"pattern": _max_int_pattern(vocab_size - 1)},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}]}
+
+
 def _filename_schema() -> dict:
     # the rules of redlite.server.slots.validate_filename
     return {"type": "string", "minLength": 1, "maxLength": MAX_FILENAME,
@@ -117,6 +142,16 @@ def build_openapi(app: FastAPI, state: Any) -> dict:
     chat["properties"]["tool_choice"] = {"enum": ["none", "auto", None]}
     completion = _body_schema(CompletionRequest, components)
     completion["properties"]["prompt"] = _prompt_schema(state.tokenizer.vocab_size)
+    for body in (chat, completion):
+        body["properties"]["logit_bias"] = _logit_bias_schema(state.tokenizer.vocab_size)
+    # the rules of redlite.server.sampling_fields.logprobs_of
+    chat["properties"]["logprobs"] = {"type": ["boolean", "null"]}
+    chat.setdefault("allOf", []).append({"anyOf": [
+        {"not": {"required": ["top_logprobs"]}}, {"properties": {"top_logprobs": {"type": "null"}}},
+        {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}]})
+    completion["properties"]["logprobs"] = {"anyOf": [
+        {"type": "null"}, {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}]}
+    completion["properties"]["top_logprobs"] = {"type": "null"}
     slot = SlotRequest.model_json_schema(ref_template=REF)
     slot["properties"]["filename"] = _filename_schema()
     security = getattr(state, "security", None)

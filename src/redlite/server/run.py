@@ -60,6 +60,7 @@ def save_on_stop(worker: EngineWorker, parking: Conversations, stopper: Stopper,
                     wait_s)
     saved = parking.save_all(worker.generator, live=idle, should_stop=stopper.immediate.is_set,
                              guard=stopper.writing)
+    parking.sessions.close()  # its owner lock: the files it wrote are now adoptable
     log.info("stop: %d conversations on disk", saved)
 
 

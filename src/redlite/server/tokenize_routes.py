@@ -27,7 +27,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr
 
-from redlite.engine.base import SamplingParams
 from redlite.server.errors import APIError
 from redlite.server.schemas import JSONInt
 
@@ -87,6 +86,7 @@ def mount_tokenize_routes(app: FastAPI, state: Any) -> None:
     """Add the three routes to ``app`` (``state``: the app's ServerState) and their
     documentation."""
     from redlite.server.app import _parse  # the one body parser (400 naming param)
+    from redlite.server import sampling_fields
     from redlite.server.openai_chat import chat_request_of
     from redlite.server.schemas import ChatCompletionRequest
 
@@ -104,7 +104,9 @@ def mount_tokenize_routes(app: FastAPI, state: Any) -> None:
     @app.post("/apply-template")
     async def apply_template_route(request: Request) -> Any:
         body = await _parse(request, ChatCompletionRequest)
-        chat = chat_request_of(body, SamplingParams(), [], "apply-template")
+        # the same validation as the chat route: a body it refuses is refused here too
+        sampling = sampling_fields.sampling_of(body, state.tokenizer.vocab_size, chat=True)
+        chat = chat_request_of(body, sampling, [], "apply-template")
         prepared = await state.chat.prepare(chat)
         return {"prompt": prepared.prompt_text}
 

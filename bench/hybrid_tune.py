@@ -1,0 +1,124 @@
+"""Launch settings of the hybrid family's two non-matrix decode kernels on a GPU: the gated
+attention (head_dim 256) and the Gated DeltaNet step, each timed alone on the Qwen3.5-9B
+shapes (a graph of one launch per layer, median of replays), then the whole decode with the
+fastest settings applied. One process, minutes on an H200.
+
+Usage: ``PYTHONPATH=src python3 bench/hybrid_tune.py [--out FILE.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu  # noqa: E402
+from hybrid_report import random_weights  # noqa: E402
+from hybrid_report import SHAPES, model_sizes  # noqa: E402
+
+ATTN_CHOICES = [  # (block_n, num_warps, num_stages, splits_per_sm)
+    (64, 4, 3, 2), (32, 4, 2, 2), (32, 4, 3, 2), (64, 8, 2, 2), (32, 8, 2, 2), (16, 4, 3, 2),
+    (32, 4, 2, 4), (64, 4, 2, 4), (32, 8, 3, 4)]
+GDN_WARPS = [4, 8, 16]
+
+
+def graph_us(fn, layers: int, device) -> float:
+    """Median µs per call of ``fn`` from a graph of ``layers`` calls."""
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(layers):
+            fn()
+    return gpu.timed(graph.replay, device, 30) / layers * 1e6
+
+
+def tune_attention(model, device, ctx, out):
+    from redlite.layers import triton_decode as tk
+
+    layer = next(layer for layer in model.layers if layer.layer_type == "full_attention").self_attn
+    h, kv, d = layer.n_heads, layer.n_kv_heads, layer.head_dim
+    cos, sin = model.rotary.get(0, ctx + 1, device, torch.bfloat16)
+    cache = torch.randn(2, kv, ctx + 1, d, device=device, dtype=torch.bfloat16)
+    qkv = torch.randn(1, (2 * h + 2 * kv) * d, device=device, dtype=torch.bfloat16)
+    pos = torch.tensor([ctx], device=device)
+    counters = torch.zeros(kv, dtype=torch.int32, device=device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    bytes_read = 2 * kv * (ctx + 1) * d * 2
+    for block_n, warps, stages, per_sm in ATTN_CHOICES:
+        splits = max(1, min(128, -(-per_sm * sms // kv)))
+
+        def call():
+            tk.decode_attention(qkv, pos, cos, sin, layer.q_norm_weight, 1e-6, cache[0], cache[1], h, kv, d, None,
+                                splits, counters, block_n=block_n, num_warps=warps, num_stages=stages, gated=True,
+                                k_norm_weight=layer.k_norm_weight)
+        try:
+            us = graph_us(call, 8, device)
+        except Exception as error:  # noqa: BLE001 - a setting that does not compile or fit
+            print(f"attention {ctx} {(block_n, warps, stages, per_sm)}: failed {type(error).__name__}", flush=True)
+            continue
+        row = {"kernel": "attention", "context": ctx, "block_n": block_n, "num_warps": warps,
+               "num_stages": stages, "splits_per_sm": per_sm, "us": us, "tb_s": bytes_read / us / 1e6}
+        out.append(row)
+        print(f"attention @ {ctx}: {(block_n, warps, stages, per_sm)} {us:7.1f} us  {row['tb_s']:.2f} TB/s", flush=True)
+
+
+def tune_gdn(model, device, out):
+    from redlite.layers import triton_gdn
+
+    mixer = next(layer for layer in model.layers if layer.layer_type == "linear_attention").linear_attn
+    conv = torch.randn(mixer.conv_state_shape(), device=device, dtype=torch.bfloat16)
+    rec = torch.randn(mixer.recurrent_state_shape(), device=device) * 0.01
+    proj = torch.randn(1, mixer.in_proj_weight.shape[0], device=device, dtype=torch.bfloat16)
+    for warps in GDN_WARPS:
+        us = graph_us(lambda: triton_gdn.gdn_step(proj, conv, rec, mixer, num_warps=warps), 24, device)
+        out.append({"kernel": "gdn_step", "num_warps": warps, "us": us, "tb_s": 2 * rec.numel() * 4 / us / 1e6})
+        print(f"gdn step: {warps} warps {us:7.1f} us", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    torch.set_grad_enabled(False)
+    from redlite.engine.torch_engine import TorchEngine
+    from redlite.layers import triton_decode as tk
+    from redlite.layers import triton_gdn
+    from redlite.models.qwen3_5 import Qwen3_5Model
+
+    gpu.ceilings(device, torch.bfloat16, False)
+    model = random_weights(Qwen3_5Model(SHAPES["9b"], device=device, dtype=torch.bfloat16))
+    rows: list[dict] = []
+    with torch.inference_mode():
+        for ctx in (8192, 32768):
+            tune_attention(model, device, ctx, rows)
+        tune_gdn(model, device, rows)
+    attn = [r for r in rows if r["kernel"] == "attention"]
+    best_attn = min({(r["block_n"], r["num_warps"], r["num_stages"], r["splits_per_sm"]) for r in attn},
+                    key=lambda c: sum(r["us"] for r in attn if (r["block_n"], r["num_warps"], r["num_stages"],
+                                                               r["splits_per_sm"]) == c))
+    best_gdn = min((r for r in rows if r["kernel"] == "gdn_step"), key=lambda r: r["us"])["num_warps"]
+    print(f"best attention settings (sum over contexts): {best_attn}; best gdn warps: {best_gdn}", flush=True)
+    decode = {}
+    for label, attn_cfg, warps in (("default", None, triton_gdn.GDN_WARPS), ("best", best_attn, best_gdn)):
+        if attn_cfg:
+            tk.ATTN_CONFIGS_BY_DIM[256] = dict(zip(("block_n", "num_warps", "num_stages", "splits_per_sm"),
+                                                   attn_cfg))
+        triton_gdn.GDN_WARPS = warps
+        engine = TorchEngine(model, ctx_size=32768 + 1024, device=device, dtype=torch.bfloat16)
+        gpu.R["decode"] = []
+        gpu.decode_speed(engine, model_sizes(model), [1024, 8192, 32768], 128, device)
+        decode[label] = gpu.R["decode"]
+        del engine
+    result = {"rows": rows, "best_attention": best_attn, "best_gdn_warps": best_gdn, "decode": decode,
+              "ceilings": gpu.R["ceilings"]}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
