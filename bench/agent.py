@@ -120,6 +120,8 @@ def new_tokens(client: httpx.Client, previous_ideal: list[dict] | None, ideal: l
     if previous_ideal is None:
         return count(prompt)
     common = os.path.commonprefix([prompt, render(previous_ideal)])
+    if common.rfind("<|") > common.rfind("|>"):  # the cut is inside a special marker: keep it whole
+        common = common[:common.rfind("<|")]
     return count(prompt[len(common):])  # a BPE tokenizer may merge across the cut: +-1 token
 
 
