@@ -1,6 +1,6 @@
 """Agent traces replayed against a server: how much of each turn's prompt is prefilled again.
 
-    python bench/agent.py --out bench/results              # echo engine on CPU (< 2 minutes)
+    python bench/agent.py --out bench/results              # echo engine on CPU (about one CPU-minute)
     python bench/agent.py --model PATH --out bench/results # a real model
 
 Replays every ``bench/traces/*.json`` (``make_traces.py``) against a ``redlite serve`` it starts
@@ -218,7 +218,10 @@ def print_mode(label: str, per_trace: dict, verbose: bool) -> None:
 def markdown(results: dict, traces: list[dict], header: str) -> str:
     labels = list(results)
     lines = [header, "", "Reuse efficiency = tokens new since the previous turn / tokens prefilled (1.0 ideal); "
-             "TTFT sum in ms.", "", "| trace | turns | " + " | ".join(labels) + " |",
+             "TTFT sum in ms. New = tokens of the turn's prompt, rendered with every answer as generated, after "
+             "its common prefix with the same session's previous prompt + answer (what the client added or "
+             "edited; an answer sent back in another form is not new). Command: `python bench/agent.py --out "
+             "bench/results`; traces: `bench/make_traces.py`.", "", "| trace | turns | " + " | ".join(labels) + " |",
              "|---|---|" + "---|" * len(labels)]
     for t in traces:
         cells = []
