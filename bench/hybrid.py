@@ -5,6 +5,7 @@ Usage::
 
     PYTHONPATH=src python3 bench/hybrid.py --device cuda --out DIR      # 9B shape, H200: minutes
     PYTHONPATH=src python3 bench/hybrid.py                              # 0.8B shape, CPU, small sizes
+    PYTHONPATH=src python3 bench/hybrid.py --device cuda --shape 35b-a3b  # the MoE shape (~70 GB bf16)
 
 The model has the published Qwen3.5 dense shape (``--shape 9b``: hidden 4096, 32 layers of
 which every 4th is gated full attention, 16 q / 4 kv heads of 256, 16 key / 32 value heads of

@@ -25,6 +25,13 @@ SHAPES = {
     "9b": {**COMMON, "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 12288,
            "num_attention_heads": 16, "num_key_value_heads": 4, "linear_num_value_heads": 32,
            "tie_word_embeddings": False},
+    # the mixture-of-experts shape (transformers' Qwen3_5MoeTextConfig defaults, checkpoint
+    # Qwen/Qwen3.5-35B-A3B): every layer's MLP is 256 experts, 8 per token, plus a shared expert
+    "35b-a3b": {**COMMON, "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+                "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16,
+                "num_key_value_heads": 2, "linear_num_value_heads": 32, "num_experts": 256,
+                "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                "shared_expert_intermediate_size": 512, "tie_word_embeddings": False},
     "tiny": {**COMMON, "vocab_size": 1000, "hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 256,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "linear_num_key_heads": 2,
              "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
@@ -64,20 +71,24 @@ def meta(device: torch.device, shape: str, out: str | None) -> dict:
 
 
 def build_hf(config: dict, device: torch.device, dtype: torch.dtype):
-    """transformers ``Qwen3_5ForCausalLM`` of ``config`` with its random initialisation, built
-    on ``device`` in ``dtype``."""
+    """transformers ``Qwen3_5ForCausalLM`` (``Qwen3_5MoeForCausalLM`` when ``num_experts``) of
+    ``config`` with its random initialisation, built on ``device`` in ``dtype``."""
     import transformers
 
     kwargs = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
-    hf_config = transformers.Qwen3_5TextConfig(**kwargs)
+    moe = bool(config.get("num_experts"))
+    hf_config = (transformers.Qwen3_5MoeTextConfig if moe else transformers.Qwen3_5TextConfig)(**kwargs)
     hf_config._attn_implementation = "sdpa"
     hf_config.eos_token_id = None
     hf_config.pad_token_id = 0
-    return gpu_hf.build_hf(hf_config, device, dtype, transformers.Qwen3_5ForCausalLM)
+    return gpu_hf.build_hf(hf_config, device, dtype,
+                           transformers.Qwen3_5MoeForCausalLM if moe else transformers.Qwen3_5ForCausalLM)
 
 
 def model_sizes(model) -> dict:
-    """Bytes read per decode token and matmul parameter counts of a Qwen3_5Model."""
+    """Bytes read per decode token and matmul parameter counts of a Qwen3_5Model. MoE layers
+    count the router, the shared expert and ``num_experts_per_tok`` routed experts (the
+    experts not chosen are not read)."""
     esize = model.embed_weight.element_size()
     total = sum(p.numel() for p in model.parameters())
     embed = model.embed_weight.numel()
@@ -85,7 +96,14 @@ def model_sizes(model) -> dict:
     read = (total - (0 if model.tied else embed) + hidden) * esize
     matmul = kv = state = 0
     for layer in model.layers:
-        matmul += layer.mlp.gate_up_weight.numel() + layer.mlp.down_weight.numel()
+        mlp = layer.mlp
+        if getattr(layer, "moe", False):
+            per_expert = (mlp.gate_up_weight[0].numel() + mlp.down_weight[0].numel())
+            read -= (mlp.num_experts - mlp.top_k) * per_expert * esize
+            matmul += (mlp.top_k * per_expert + mlp.router_weight.numel() + mlp.shared_gate_weight.numel()
+                       + mlp.shared.gate_up_weight.numel() + mlp.shared.down_weight.numel())
+        else:
+            matmul += mlp.gate_up_weight.numel() + mlp.down_weight.numel()
         if layer.layer_type == "linear_attention":
             m = layer.linear_attn
             matmul += m.in_proj_weight.numel() + m.out_weight.numel()

@@ -23,6 +23,10 @@ REGISTRY: dict[str, str] = {
     "Qwen3_5ForConditionalGeneration": "redlite.models.qwen3_5:Qwen3_5Model",
     "qwen3_5": "redlite.models.qwen3_5:Qwen3_5Model",
     "qwen3_5_text": "redlite.models.qwen3_5:Qwen3_5Model",
+    "Qwen3_5MoeForCausalLM": "redlite.models.qwen3_5:Qwen3_5Model",
+    "Qwen3_5MoeForConditionalGeneration": "redlite.models.qwen3_5:Qwen3_5Model",
+    "qwen3_5_moe": "redlite.models.qwen3_5:Qwen3_5Model",
+    "qwen3_5_moe_text": "redlite.models.qwen3_5:Qwen3_5Model",
 }
 
 

@@ -17,7 +17,11 @@ compare against):
   output is multiplied by ``sigmoid(gate)`` before ``o_proj``. Text-only positions make the
   multimodal (M-RoPE) sections identical, so plain 1-D rotary is exact for text.
 * Linear attention: :class:`redlite.layers.gated_deltanet.GatedDeltaNet`.
-* MLP: SwiGLU ``down(silu(gate(x)) * up(x))``.
+* MLP: SwiGLU ``down(silu(gate(x)) * up(x))``; in the mixture-of-experts models
+  (``qwen3_5_moe`` / ``qwen3_5_moe_text``, config ``num_experts`` > 0) every layer's MLP is
+  the sparse block :class:`~redlite.layers.moe.SparseMoE` (sizes from ``num_experts``,
+  ``num_experts_per_tok``, ``moe_intermediate_size``, ``shared_expert_intermediate_size``,
+  ``norm_topk_prob``); expert weights load from the fused or the per-expert layout.
 
 Checkpoints: both the text-only layout (``Qwen3_5ForCausalLM``: ``model.layers...``,
 ``model.embed_tokens``, ``model.norm``, ``lm_head``) and the published multimodal layout
@@ -51,6 +55,7 @@ from redlite.layers.gated_attention import GatedAttention
 from redlite.layers.gated_deltanet import GatedDeltaNet
 from redlite.layers.linear import linear_kernel
 from redlite.layers.mlp import SwiGLU
+from redlite.layers.moe import SparseMoE
 from redlite.layers.norm import ZeroCenteredRMSNorm, zero_centered_rms_norm  # noqa: F401 (re-export)
 from redlite.layers.rotary import RotaryTable
 from redlite.models.base import CausalLM
@@ -98,20 +103,38 @@ class DecoderLayer(nn.Module):
                 hidden, n_heads, int(cfg.get("num_key_value_heads") or n_heads),
                 int(cfg.get("head_dim") or hidden // n_heads),
                 bias=bool(cfg.get("attention_bias", False)), eps=eps, device=device, dtype=dtype)
-        self.mlp = SwiGLU(hidden, int(cfg["intermediate_size"]), False, device, dtype)
+        self.moe = int(cfg.get("num_experts") or 0) > 0
+        self.mlp = (SparseMoE(hidden, int(cfg["num_experts"]), int(cfg["num_experts_per_tok"]),
+                              int(cfg["moe_intermediate_size"]), int(cfg["shared_expert_intermediate_size"]),
+                              bool(cfg.get("norm_topk_prob", True)), device, dtype)
+                    if self.moe else SwiGLU(hidden, int(cfg["intermediate_size"]), False, device, dtype))
         self.input_layernorm = ZeroCenteredRMSNorm(hidden, eps, device, dtype)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(hidden, eps, device, dtype)
+
+    def hf_alternatives(self) -> dict[str, tuple[str, torch.Tensor]]:
+        """Other checkpoint names for parts of :meth:`hf_targets` entries (relative to
+        ``model.layers.{i}.``): name -> (the target it fills part of, view). Today the
+        per-expert layout of MoE checkpoints."""
+        if not self.moe:
+            return {}
+        return {"mlp." + name: ("mlp." + fused, view)
+                for name, (fused, view) in self.mlp.hf_per_expert_targets().items()}
 
     def hf_targets(self) -> dict[str, torch.Tensor]:
         """Checkpoint names (relative to ``model.layers.{i}.``) -> parameter views."""
         mixer, prefix = ((self.linear_attn, "linear_attn.") if self.layer_type == LINEAR
                          else (self.self_attn, "self_attn."))
         targets = {prefix + name: view for name, view in mixer.hf_targets().items()}
-        inter = self.mlp.inter
+        if self.moe:
+            targets.update({"mlp." + name: view for name, view in self.mlp.hf_targets().items()})
+        else:
+            inter = self.mlp.inter
+            targets.update({
+                "mlp.gate_proj.weight": self.mlp.gate_up_weight[:inter],
+                "mlp.up_proj.weight": self.mlp.gate_up_weight[inter:],
+                "mlp.down_proj.weight": self.mlp.down_weight,
+            })
         targets.update({
-            "mlp.gate_proj.weight": self.mlp.gate_up_weight[:inter],
-            "mlp.up_proj.weight": self.mlp.gate_up_weight[inter:],
-            "mlp.down_proj.weight": self.mlp.down_weight,
             "input_layernorm.weight": self.input_layernorm.weight,
             "post_attention_layernorm.weight": self.post_attention_layernorm.weight,
         })
@@ -184,9 +207,18 @@ class Qwen3_5Model(CausalLM):
             targets.update({f"layers.{i}.{name}": view for name, view in layer.hf_targets().items()})
         return targets
 
+    def hf_alternatives(self) -> dict[str, tuple[str, torch.Tensor]]:
+        """Other names (after :func:`_local_name`) that fill parts of a target: name ->
+        (target, view); see :meth:`DecoderLayer.hf_alternatives`."""
+        return {f"layers.{i}.{name}": (f"layers.{i}.{fused}", view)
+                for i, layer in enumerate(self.layers)
+                for name, (fused, view) in layer.hf_alternatives().items()}
+
     def load_hf_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Fill the parameters from checkpoint tensors of either layout (text-only
-        ``model.*`` or multimodal ``model.language_model.*``; vision and MTP ignored).
+        ``model.*`` or multimodal ``model.language_model.*``; vision and MTP ignored). MoE experts load from the fused
+        (``mlp.experts.gate_up_proj``) or the per-expert (``mlp.experts.{e}.gate_proj.weight``)
+        layout.
 
         Tensors may be on any device/dtype; they are copied into the parameters (which keep
         their device and dtype). When ``lm_head.weight`` is absent the output projection is
@@ -194,11 +226,18 @@ class Qwen3_5Model(CausalLM):
         ``ValueError`` for a shape mismatch.
         """
         targets = self.hf_targets()
+        alternatives = self.hf_alternatives()
         seen: set[str] = set()
+        parts: dict[str, int] = {}  # fused target -> per-expert pieces copied into it
         with torch.no_grad():
             for hf_name in tensors.keys():
                 name = _local_name(hf_name)
-                dest = targets.get(name) if name else None
+                if not name:
+                    continue
+                dest = targets.get(name)
+                if dest is None and name in alternatives:
+                    fused, dest = alternatives[name]
+                    parts[fused] = parts.get(fused, 0) + 1
                 if dest is None:
                     continue
                 tensor = tensors[hf_name]
@@ -206,6 +245,10 @@ class Qwen3_5Model(CausalLM):
                     raise ValueError(f"{hf_name}: shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
                 dest.copy_(tensor)
                 seen.add(name)
+        needed: dict[str, int] = {}
+        for fused, _ in alternatives.values():
+            needed[fused] = needed.get(fused, 0) + 1
+        seen.update(fused for fused, n in parts.items() if n == needed[fused])
         if not self.tied and "lm_head.weight" not in seen:
             self.tied = True
             self.lm_head_weight = self.embed_weight
@@ -281,6 +324,9 @@ class Qwen3_5Model(CausalLM):
                                             attn.head_dim, span)
                 ops.linear_residual(out, attn.o_weight, attn.o_bias, x)
             post, mlp = layer.post_attention_layernorm, layer.mlp
+            if layer.moe:  # the gathered path: chosen experts by device-tensor ids
+                x.add_(mlp(post(x)))
+                continue
             act = ops.norm_gate_up(x, post.weight, post.eps, mlp.gate_up_weight, mlp.gate_up_bias, mlp.inter,
                                    zero_centered=True)
             ops.linear_residual(act, mlp.down_weight, mlp.down_bias, x)

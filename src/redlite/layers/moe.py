@@ -1,0 +1,133 @@
+"""Sparse mixture-of-experts feed-forward of Qwen3.5 MoE (and the Qwen2/3-MoE family).
+
+Rule (transformers 5.x ``models/qwen3_5_moe/modeling_qwen3_5_moe.py``,
+``Qwen3_5MoeSparseMoeBlock``), for each token ``x`` [hidden]:
+
+* router: ``p = softmax(router_weight @ x)`` in float32 over ``num_experts``; the
+  ``num_experts_per_tok`` largest ``p`` (``torch.topk`` order) pick the experts; when
+  ``norm_topk_prob`` (the Qwen3.5 MoE rule, it has no switch) the picked ``p`` are divided by
+  their sum; the weights are then cast to the activation dtype.
+* routed experts: ``sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))`` with per-expert SwiGLU of
+  width ``moe_intermediate_size``.
+* shared expert: ``sigmoid(shared_gate @ x) * SwiGLU_shared(x)`` of width
+  ``shared_expert_intermediate_size``, added to the routed sum.
+
+Two execution paths give the same result up to rounding: *grouped* (prefill; tokens sorted
+by expert id, one matmul pair per expert that got tokens; it reads the per-expert counts on
+the host) and *gathered* (decode, few tokens; the chosen experts' weights are gathered by
+device-tensor ids and applied with batched matmuls: no host read, so it can be captured in a
+CUDA graph).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from redlite.layers.mlp import SwiGLU
+
+__all__ = ["SparseMoE"]
+
+#: At most this many tokens use the gathered path (decode); more use the grouped one.
+GATHER_MAX_TOKENS = 4
+
+
+class SparseMoE(nn.Module):
+    """Router + routed SwiGLU experts + gated shared expert.
+
+    Parameters (uninitialised until loaded), stored as transformers keeps them:
+    ``router_weight`` [E, hidden]; ``gate_up_weight`` [E, 2*inter, hidden] (each expert's gate
+    rows first, then up rows); ``down_weight`` [E, hidden, inter]; ``shared`` a
+    :class:`~redlite.layers.mlp.SwiGLU` of width ``shared_inter``; ``shared_gate_weight``
+    [1, hidden]. ``forward(x [T, hidden]) -> [T, hidden]`` in x's dtype.
+    """
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int, inter: int, shared_inter: int,
+                 norm_topk_prob: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok={top_k} must be in 1..num_experts={num_experts}")
+        self.num_experts, self.top_k, self.inter = num_experts, top_k, inter
+        self.norm_topk_prob = norm_topk_prob
+
+        def param(*shape):
+            return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
+
+        self.router_weight = param(num_experts, hidden)
+        self.gate_up_weight = param(num_experts, 2 * inter, hidden)
+        self.down_weight = param(num_experts, hidden, inter)
+        self.shared = SwiGLU(hidden, shared_inter, False, device, dtype)
+        self.shared_gate_weight = param(1, hidden)
+
+    def hf_targets(self) -> dict[str, torch.Tensor]:
+        """Checkpoint names relative to ``...mlp.`` -> parameter views, fused expert layout
+        (``experts.gate_up_proj`` [E, 2I, H], ``experts.down_proj`` [E, H, I])."""
+        s = self.shared
+        return {
+            "gate.weight": self.router_weight,
+            "experts.gate_up_proj": self.gate_up_weight,
+            "experts.down_proj": self.down_weight,
+            "shared_expert.gate_proj.weight": s.gate_up_weight[: s.inter],
+            "shared_expert.up_proj.weight": s.gate_up_weight[s.inter:],
+            "shared_expert.down_proj.weight": s.down_weight,
+            "shared_expert_gate.weight": self.shared_gate_weight,
+        }
+
+    def hf_per_expert_targets(self) -> dict[str, tuple[str, torch.Tensor]]:
+        """The per-expert layout of published checkpoints (``experts.{e}.gate_proj.weight``
+        [I, H], ``up_proj`` [I, H], ``down_proj`` [H, I]): name -> (the fused name it fills,
+        the view of that fused parameter)."""
+        out: dict[str, tuple[str, torch.Tensor]] = {}
+        i = self.inter
+        for e in range(self.num_experts):
+            out[f"experts.{e}.gate_proj.weight"] = ("experts.gate_up_proj", self.gate_up_weight[e, :i])
+            out[f"experts.{e}.up_proj.weight"] = ("experts.gate_up_proj", self.gate_up_weight[e, i:])
+            out[f"experts.{e}.down_proj.weight"] = ("experts.down_proj", self.down_weight[e])
+        return out
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing of ``x`` [T, hidden]: (weights [T, k] in x's dtype, expert ids [T, k] int64)."""
+        probs = torch.softmax(F.linear(x, self.router_weight), dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        routed = (self._gathered(x, weights, ids) if x.shape[0] <= GATHER_MAX_TOKENS
+                  else self._grouped(x, weights, ids))
+        shared = self.shared(x) * torch.sigmoid(F.linear(x, self.shared_gate_weight))
+        return routed + shared
+
+    def _gathered(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Only the chosen experts, by device-tensor ids: [T, k] experts via batched matmul."""
+        t, k = ids.shape
+        flat = ids.reshape(-1)
+        xs = x.repeat_interleave(k, dim=0).unsqueeze(-1)                       # [T*k, H, 1]
+        gate, up = torch.bmm(self.gate_up_weight[flat], xs).squeeze(-1).split(self.inter, dim=-1)
+        act = (F.silu(gate) * up).unsqueeze(-1)                                # [T*k, I, 1]
+        out = torch.bmm(self.down_weight[flat], act).squeeze(-1)               # [T*k, H]
+        return (out.view(t, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+
+    def _grouped(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Tokens sorted by expert id, one gate/up and one down matmul per expert hit."""
+        k = self.top_k
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token_of = order // k
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        xs = x.index_select(0, token_of)
+        out = torch.empty_like(xs)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            rows = slice(start, start + n)
+            gate, up = F.linear(xs[rows], self.gate_up_weight[e]).split(self.inter, dim=-1)
+            out[rows] = F.linear(F.silu(gate) * up, self.down_weight[e])
+            start += n
+        unsorted = torch.empty_like(out)
+        unsorted[order] = out  # back to (token, k) order
+        return (unsorted.view(*ids.shape, -1) * weights.unsqueeze(-1)).sum(dim=1)
