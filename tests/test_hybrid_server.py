@@ -58,7 +58,9 @@ def test_forks_through_checkpoints_match_cold_server(hybrid_dir):
     from redlite.loading.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(hybrid_dir)
-    common = ("--model", str(hybrid_dir), "--checkpoint-interval", "0")
+    # template replay: the boundaries below are the template's own (exact replay's splice is
+    # tested on this model in tests/test_replay_model.py)
+    common = ("--model", str(hybrid_dir), "--checkpoint-interval", "0", "--replay", "template")
     with ServerProcess(*common, engine="torch") as warm, \
             ServerProcess(*common, "--no-reuse", engine="torch") as cold:
         system = {"role": "system", "content": "You are a tiny random model."}
