@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
 from redlite.server.access import note_event
+from redlite.server.chat_service import watch_disconnect
 from redlite.server.errors import APIError, as_api_error, error_body
 from redlite.server.logprobs import TokenTexts, completion_logprobs
 
@@ -53,7 +54,7 @@ async def submit(state: Any, generation: GenerationRequest, http_request: Any) -
                        {"Retry-After": str(getattr(state, "retry_after_s", 1))}) from None
     except ShuttingDown:
         raise APIError(503, "server is shutting down", None, "shutting_down") from None
-    watcher = asyncio.ensure_future(_watch_disconnect(http_request, job))
+    watcher = asyncio.ensure_future(watch_disconnect(http_request, job))
     getter = asyncio.ensure_future(events.get())
     try:
         await asyncio.wait({watcher, getter}, return_when=asyncio.FIRST_COMPLETED)
@@ -66,14 +67,6 @@ async def submit(state: Any, generation: GenerationRequest, http_request: Any) -
     if first.kind == "error":
         raise as_api_error(first.value)
     return job, events
-
-
-async def _watch_disconnect(http_request: Any, job: Job) -> None:
-    while True:
-        message = await http_request.receive()
-        if message["type"] == "http.disconnect":
-            job.cancel()
-            return
 
 
 def _text_of(event: Event) -> str:
@@ -108,7 +101,7 @@ async def collect(job: Job, events: asyncio.Queue, http_request: Any, meta: dict
     """The non-streamed ``text_completion`` body."""
     n = meta["n"]
     choices = _Choices(n)
-    watcher = asyncio.ensure_future(_watch_disconnect(http_request, job))
+    watcher = asyncio.ensure_future(watch_disconnect(http_request, job))
     try:
         while len(choices.results) < n:
             event = await events.get()
