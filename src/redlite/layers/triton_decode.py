@@ -216,9 +216,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 # one-kernel attention (its 32k decode is 86% of the bandwidth bound in bench/results/).
 ATTN_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "splits_per_sm": 2}
 # Per head size, where other settings measured faster (bench/hybrid_tune.py; its output is in
-# bench/results/); missing keys come from ATTN_CONFIG.
-# head_dim 256 (Qwen3.5 gated attention, 16 q / 4 kv heads): 29.4 / 63.0 us per layer at 8k /
-# 32k keys against 44.1 / 81.1 with ATTN_CONFIG (hybrid-tune-2026-12-01-nvidia-h200).
+# bench/results/hybrid-tune-*); missing keys come from ATTN_CONFIG.
 ATTN_CONFIGS_BY_DIM: dict[int, dict] = {256: {"block_n": 32, "num_warps": 4, "num_stages": 2}}
 
 

@@ -96,8 +96,7 @@ def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_
     _store_state(cs_ptr, k_ch, k_next, KW, KP)
 
 
-# warps per program: on the H200 the 9B-shape step took 8.9 / 12.1 / 16.7 us with 4 / 8 / 16
-# (bench/hybrid_tune.py, hybrid-tune-2026-12-01-nvidia-h200)
+# warps per program, the fastest in bench/hybrid_tune.py's sweep (bench/results/hybrid-tune-*)
 GDN_WARPS = 4
 
 
