@@ -128,7 +128,7 @@ def test_failed_restore_runs_cold(caplog):
 
     def broken(snapshot):
         raise RuntimeError("device lost")
-    gen.engine.restore = broken
+    gen.engine.restore = gen.engine.restore_range = broken  # whole or tail entries
     third = follow(A, answer_a, "And the fog horn?")
     answer, result = chat(gen, third)
     assert "restore failed" in caplog.text

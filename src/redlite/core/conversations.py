@@ -9,10 +9,13 @@
    it, else left parked and protected from eviction during this request), or read and
    verified from disk (a refused file drops out and the choice is made again);
 3. the live state is parked unless nothing of it would be lost (the prompt extends it, or the
-   chosen state contains it): snapshot to host memory, into the pool if the eviction plan
-   admits it, else (and for each entry the pool evicts) to disk when big enough;
-4. the chosen entry is installed: engine state, held ids and checkpoints replaced together;
-   a failed restore resets the engine and the request runs cold.
+   chosen state contains it): only what the switch discards, ``[keep, held)`` (a tail entry,
+   :mod:`redlite.core.forks`; the whole state when nothing of it is kept), on the device while
+   ``--park-device-mib`` allows, else in host memory; into the pool if the eviction plan
+   admits it, else (and for each entry the pool evicts) to disk when big enough (saved whole);
+4. the chosen entry is installed: engine state, held ids and checkpoints replaced together
+   (a tail entry: its chain's ranges written after the prefix they share); a failed restore
+   resets the engine and the request runs cold.
 
 The Generator then plans reuse against the (possibly new) held state as usual. Nothing here
 raises into the request: failures are logged and end in a consistent (possibly empty) state.
@@ -25,9 +28,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Hashable
 
+from redlite.core.forks import Lineage, parked_checkpoint, trusted
 from redlite.core.parking import (ID_BYTES_PER_TOKEN, LIVE, Candidate, EntryStats, EvictionPlan,
                                   ParkedCheckpoint, ParkedEntry, ParkingPool, choose_candidate,
-                                  plan_eviction, tensor_nbytes, usable_prefix)
+                                  plan_eviction, tail_usable, tensor_nbytes, usable_prefix)
 from redlite.core.reuse import common_prefix_length
 from redlite.core.sessions import SessionStore
 
@@ -53,6 +57,20 @@ def capture(gen: "Generator", key: Hashable, now: float) -> ParkedEntry:
                                                 tensor_nbytes(tensors), tensors, meta))
     return ParkedEntry(key, list(gen.held_ids), snapshot, checkpoints, now, now,
                        session=getattr(gen, "session_key", None))
+
+
+def capture_tail(gen: "Generator", key: Hashable, now: float, keep: int,
+                 on_device: bool) -> ParkedEntry:
+    """Copy what the live conversation holds past ``keep`` (``Engine.snapshot_range``; its
+    checkpoints past ``keep``): a tail entry on the live prefix when ``keep`` > 0, a whole one
+    otherwise; in device memory when ``on_device``. Raises what the engine raises."""
+    engine = gen.engine
+    snapshot = engine.snapshot_range(keep, on_device=on_device)
+    checkpoints = [parked_checkpoint(engine, c, on_device) for c in gen.checkpoints.items()
+                   if c.position > keep]
+    return ParkedEntry(key, list(gen.held_ids), snapshot, checkpoints, now, now,
+                       session=getattr(gen, "session_key", None), base=keep,
+                       parent=LIVE if keep > 0 else None, on_device=on_device)
 
 
 def install(gen: "Generator", entry: ParkedEntry) -> bool:
@@ -86,9 +104,12 @@ def install(gen: "Generator", entry: ParkedEntry) -> bool:
 
 
 def reset(gen: "Generator") -> int:
-    """Drop the live conversation; returns the tokens it held. If the engine cannot even
+    """Drop the live conversation; returns the tokens it held (parked entries depending on it
+    are made whole first, or dropped when it is not trusted). If the engine cannot even
     reset, the generator stays marked failed (its next plan resets)."""
     held = len(gen.held_ids)
+    if gen.parking is not None:
+        gen.parking.before_cut(gen, 0)
     gen.failed = True
     gen.engine.reset()
     gen.held_ids = []
@@ -107,6 +128,9 @@ class Conversations:
     def __init__(self, pool: ParkingPool | None, sessions: SessionStore | None,
                  clock=time.time) -> None:
         self.pool, self.sessions, self._clock = pool, sessions, clock
+        self.lineage = Lineage(pool, spill=lambda entry, reason: self._spill(entry, reason, frozenset(),
+                                                                             True))
+        self._gen = None  # the generator of the running selection (for spills of tail entries)
         self.restores: dict[str, int] = {}
         self.restore_seconds: dict[str, float] = {}
         self._session: str | None = None  # the current request's session key
@@ -129,7 +153,16 @@ class Conversations:
                 except Exception:
                     pass
 
+    def before_cut(self, gen: "Generator", keep: int) -> None:
+        """Called before the live state is cut to ``keep`` tokens or replaced (0): the one
+        entry point of :meth:`Lineage.release_live` for the generator and :func:`reset`."""
+        self._gen = gen
+        self.lineage.release_live(gen, keep)
+
     def _select(self, gen: "Generator", prompt: list[int], request_id: str) -> None:
+        self._gen = gen
+        if not trusted(gen):  # the live state is not what tail entries were taken against
+            self.lineage.release_live(gen, 0)
         held = gen.held_ids
         live_common = 0 if gen.failed else common_prefix_length(held, prompt)
         live_usable = usable_prefix(len(held), live_common, len(prompt), gen.engine.can_rewind,
@@ -139,24 +172,48 @@ class Conversations:
             if choice is None or choice.key == LIVE:
                 kept = choice.usable if choice is not None else 0
                 if self._live_would_lose(gen, live_common, kept):
-                    self.park_live(gen, frozenset())
+                    self.park_live(gen, frozenset(), keep=kept)
                 return
             started = time.perf_counter()
             entry = self._fetch(choice)
             if entry is None:
                 continue
+            links = self.lineage.chain(entry) if entry.is_tail else [entry]
+            keep = links[0].base if links[0].parent == LIVE else 0
             if self._live_would_lose(gen, live_common, choice.usable):
-                self.park_live(gen, frozenset({choice.key}))
-            if install(gen, entry):
+                self.park_live(gen, frozenset(e.key for e in links), keep=keep)
+            popped = choice.tier == "ram" and choice.key not in self.pool
+            installed = self._install(gen, entry, keep)
+            if popped:  # its dependants now build on the live state, or lost their prefix
+                self.lineage.adopt(choice.key, installed)
+            if installed:
                 seconds = time.perf_counter() - started
                 self.restores[choice.tier] = self.restores.get(choice.tier, 0) + 1
                 self.restore_seconds[choice.tier] = self.restore_seconds.get(choice.tier, 0.0) + seconds
-                log.info("%s restored from %s %d tok in %.1f ms (usable %d)%s", request_id, choice.tier,
-                         len(entry.held_ids), seconds * 1000.0, choice.usable,
+                tail = f" tail [{entry.base}, {len(entry.held_ids)})" if entry.is_tail else ""
+                log.info("%s restored from %s %d tok in %.1f ms (usable %d)%s%s", request_id,
+                         choice.tier, len(entry.held_ids), seconds * 1000.0, choice.usable, tail,
                          f" session={entry.session}" if entry.session else "")
             elif choice.tier == "disk" and choice.key not in self.sessions:
                 self._select(gen, prompt, request_id)  # a refused file left the index: again
             return
+
+    def _install(self, gen: "Generator", entry: ParkedEntry, keep: int) -> bool:
+        """Install ``entry`` after releasing the live state to ``keep`` tokens (the prefix a
+        tail entry's chain starts from; 0 for a whole one). False (engine reset) on failure."""
+        self.before_cut(gen, keep)
+        if not entry.is_tail:
+            return install(gen, entry)
+        gen.failed = True
+        try:
+            self.lineage.install(gen, entry)
+            gen.failed = False
+            return True
+        except Exception as error:  # a failed restore never fails the request: run cold
+            log.warning("restore failed %d tok reason=%s: %s; running cold", len(entry.held_ids),
+                        type(error).__name__, error)
+            reset(gen)
+            return False
 
     def _candidates(self, prompt: list[int], live_usable: int, engine) -> list[Candidate]:
         """The live state and the parked entries that could beat it (index lookups); entries
@@ -167,9 +224,9 @@ class Conversations:
         if self.pool is not None and session is not None:
             for entry in self.pool.entries():
                 if entry.session == session:
-                    usable = usable_prefix(len(entry.held_ids),
-                                           common_prefix_length(entry.held_ids, prompt),
-                                           len(prompt), can_rewind, entry.checkpoint_positions)
+                    usable = tail_usable(entry, usable_prefix(
+                        len(entry.held_ids), common_prefix_length(entry.held_ids, prompt),
+                        len(prompt), can_rewind, entry.checkpoint_positions))
                     candidates.append(Candidate(entry.key, usable, "ram", entry.last_used,
                                                 len(entry.held_ids), session=True))
         if self.pool is not None:
@@ -202,31 +259,46 @@ class Conversations:
 
     # --- parking -----------------------------------------------------------------------------
 
-    def park_live(self, gen: "Generator", protected: frozenset) -> None:
-        """Snapshot the live conversation into the tiers (never raises; logged). The size is
-        checked first (``Engine.state_nbytes``): a state that neither the RAM pool would admit
-        nor the disk tier would take is dropped without being copied off the device."""
+    def park_live(self, gen: "Generator", protected: frozenset, keep: int = 0) -> None:
+        """Park what the live conversation holds past ``keep`` tokens (never raises; logged):
+        the whole state when ``keep`` is 0, else a tail entry on the live prefix (see
+        :mod:`redlite.core.forks`). On the device while ``--park-device-mib`` has room for it
+        (engines with device memory), else in host memory. The size is checked first
+        (``Engine.range_nbytes``): a state that neither the pool would admit nor the disk tier
+        would take is dropped without being copied."""
         started = time.perf_counter()
+        self._gen = gen
         n = len(gen.held_ids)
+        if keep >= n:
+            return
+        engine = gen.engine
         try:
-            estimate = (gen.engine.state_nbytes() + gen.checkpoints.nbytes
+            state = engine.range_nbytes(keep) if keep else engine.state_nbytes()
+            estimate = (state + sum(c.nbytes for c in gen.checkpoints.items() if c.position > keep)
                         + ID_BYTES_PER_TOKEN * n)
         except Exception as error:
             log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
             return
+        pool = self.pool
+        on_device = bool(pool is not None and engine.device_resident
+                         and pool.device_nbytes + estimate <= pool.device_budget_bytes)
+        parent = LIVE if keep else None
+        stats = EntryStats("live", estimate, n, self._clock(), keep, parent, on_device)
         to_disk = self.sessions is not None and self.sessions.eligible(n)
-        if not to_disk and not self._would_admit(EntryStats("live", estimate, n, self._clock()),
-                                                 gen.held_ids, protected, gen.engine.can_rewind):
+        if not to_disk and not self._would_admit(stats, gen.held_ids, protected, engine.can_rewind):
             log.info("evicted %d tok (%d bytes) from live reason=no-room -> dropped (not copied)",
-                     n, estimate)
+                     n - keep, estimate)
             return
         try:
             key = self.pool.new_key() if self.pool is not None else f"live-{id(gen)}-{started}"
-            entry = capture(gen, key, self._clock())
+            if keep == 0 and not on_device:
+                entry = capture(gen, key, self._clock())
+            else:
+                entry = capture_tail(gen, key, self._clock(), keep, on_device)
         except Exception as error:
             log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
             return
-        self.park(entry, protected, gen.engine.can_rewind, started)
+        self.park(entry, protected, engine.can_rewind, started)
 
     def _superseded(self, held_ids: list[int], protected: frozenset, can_rewind: bool) -> list:
         """Pool entries a conversation holding ``held_ids`` makes redundant (it extends them)."""
@@ -238,7 +310,8 @@ class Conversations:
         """The pool's eviction plan for an entry, counting the superseded entries as gone."""
         gone = set(superseded)
         current = [self.pool.stats(e) for e in self.pool.entries() if e.key not in gone]
-        return plan_eviction(current, stats, self.pool.budget_bytes, self.pool.max_entries, protected)
+        return plan_eviction(current, stats, self.pool.budget_bytes, self.pool.max_entries, protected,
+                             self.pool.device_budget_bytes)
 
     def _would_admit(self, stats: EntryStats, held_ids: list[int], protected: frozenset,
                      can_rewind: bool) -> bool:
@@ -267,17 +340,29 @@ class Conversations:
         for key in plan.evict:
             self._spill(self.pool.pop(key), "value", protected, can_rewind)
         self.pool.add(entry)
+        if entry.parent == LIVE or entry.base == 0:  # it holds a copy of the live state
+            self.lineage.release_live(self._gen, entry.base, heir=entry) if self._gen else None
         ms = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
-        log.info("parked %d tok (%d bytes) in %.1f ms; ram pool %d entries, %d bytes", n,
-                 entry.nbytes, ms, len(self.pool), self.pool.nbytes)
+        log.info("parked %d tok (%d bytes) in %.1f ms: tokens [%d, %d) tier=%s; ram pool %d "
+                 "entries, %d bytes host, %d bytes device", n - entry.base, entry.nbytes, ms,
+                 entry.base, n, "device" if entry.on_device else "ram", len(self.pool),
+                 self.pool.host_nbytes, self.pool.device_nbytes)
 
     def _spill(self, entry: ParkedEntry, reason: str, protected: frozenset, can_rewind: bool) -> None:
+        """An entry leaving the pool (or not admitted): to disk when big enough, saved whole
+        (a tail entry joined with its chain's prefix), else dropped."""
         n = len(entry.held_ids)
         to_disk = self.sessions is not None and self.sessions.eligible(n)
-        log.info("evicted %d tok (%d bytes) from ram reason=%s -> %s", n, entry.nbytes, reason,
-                 "disk" if to_disk else "dropped")
+        log.info("evicted %d tok (%d bytes) from ram reason=%s -> %s", n - entry.base, entry.nbytes,
+                 reason, "disk" if to_disk else "dropped")
         if to_disk:
-            self.sessions.save(entry, supersede=can_rewind, protected=protected)
+            try:
+                whole = self.lineage.whole(self._gen, entry) if entry.is_tail or entry.on_device \
+                    else entry
+            except Exception as error:  # noqa: BLE001 - its prefix is gone: not saved
+                log.warning("save skipped %d tok reason=%s: %s", n, type(error).__name__, error)
+                return
+            self.sessions.save(whole, supersede=can_rewind, protected=protected)
 
     # --- stop --------------------------------------------------------------------------------
 
@@ -305,6 +390,15 @@ class Conversations:
             if should_stop is not None and should_stop():
                 log.info("stop: %d conversations not saved (stopping at once)", len(entries) - done)
                 break
+            if entry.is_tail or entry.on_device:  # saved whole: joined with its prefix
+                try:
+                    if not live and self.lineage.chain(entry)[0].parent == LIVE:
+                        raise RuntimeError("its prefix is the live state, which is busy")
+                    entry = self.lineage.whole(gen, entry)
+                except Exception as error:  # noqa: BLE001 - logged, the others are saved
+                    log.warning("save skipped %d tok reason=%s: %s", len(entry.held_ids),
+                                type(error).__name__, error)
+                    continue
             with guard():
                 if self.sessions.save(entry, supersede=gen.engine.can_rewind) is not None:
                     saved += 1

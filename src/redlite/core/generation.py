@@ -149,6 +149,8 @@ class Generator:
         prefilled stays held). ``failed`` is set while the engine may be ahead of the held ids."""
         engine, prompt = self.engine, request.prompt_ids
         logits = None
+        if self.parking is not None and plan.keep < len(self.held_ids):
+            self.parking.before_cut(self, plan.keep)  # parked tails on the cut part: made whole
         self.failed = True
         if plan.action is Action.RESET:
             engine.reset()

@@ -78,10 +78,20 @@ class ParkedEntry:
     fill: Callable[[Any], bool] | None = None
     verify: Callable[[], None] | None = None
     session: str | None = None  # the client's session key of the conversation (RAM only)
+    # A tail entry (see redlite.core.forks): ``snapshot`` holds only tokens [base, len(held_ids))
+    # (plus the end state), ``checkpoints`` only those past ``base``; the prefix [0, base) is the
+    # state of ``parent``: LIVE (the live conversation) or the key of another pool entry.
+    base: int = 0
+    parent: Hashable | None = None
+    on_device: bool = False  # the snapshot stays in the engine's device memory
 
     @property
     def checkpoint_positions(self) -> list[int]:
         return [c.position for c in self.checkpoints]
+
+    @property
+    def is_tail(self) -> bool:
+        return self.parent is not None
 
     @property
     def nbytes(self) -> int:
@@ -151,12 +161,17 @@ def prefill_cost(tokens: int, knee: int = ATTENTION_KNEE_TOKENS) -> float:
 
 @dataclass(frozen=True)
 class EntryStats:
-    """What eviction needs of an entry: key, bytes, tokens saved, last use (s)."""
+    """What eviction needs of an entry: key, bytes, tokens held, last use (s); for a tail entry
+    the tokens its parent holds for it (``base``) and the ``parent`` key (an entry with
+    dependants is never evicted before them); ``on_device``: counted against the device budget."""
 
     key: Hashable
     nbytes: int
     tokens: int
     last_used: float
+    base: int = 0
+    parent: Hashable | None = None
+    on_device: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,34 +187,61 @@ def entry_values(entries: Sequence[EntryStats]) -> dict[Hashable, float]:
     most recently used (entries used at the same time share a rank)."""
     times = sorted({e.last_used for e in entries}, reverse=True)
     rank = {t: i for i, t in enumerate(times)}
-    return {e.key: prefill_cost(e.tokens) / max(1, e.nbytes) / (1 + rank[e.last_used])
-            for e in entries}
+    return {e.key: (prefill_cost(e.tokens) - prefill_cost(e.base)) / max(1, e.nbytes)
+            / (1 + rank[e.last_used]) for e in entries}
+
+
+def plan_fit(entries: Sequence[EntryStats], budget_bytes: int, max_entries: int,
+             protected: frozenset = frozenset(), device_budget_bytes: int = 0) -> list[Hashable] | None:
+    """Keys to drop, lowest value first (:func:`entry_values`), so ``entries`` fit: host bytes
+    (entries not ``on_device``) <= ``budget_bytes``, device bytes <= ``device_budget_bytes``,
+    count <= ``max_entries``. Only leaves go (no remaining entry has them as ``parent``), and
+    only ones that free what is over; protected keys never. None when no choice fits."""
+    values = entry_values(entries)
+    alive = {e.key: e for e in entries}
+    children: dict[Hashable, int] = {}
+    for e in entries:
+        if e.parent in alive:
+            children[e.parent] = children.get(e.parent, 0) + 1
+    host = sum(e.nbytes for e in entries if not e.on_device)
+    device = sum(e.nbytes for e in entries if e.on_device)
+    evict: list[Hashable] = []
+    while host > budget_bytes or device > device_budget_bytes or len(alive) > max_entries:
+        over_count = len(alive) > max_entries
+        helps = [e for e in alive.values() if e.key not in protected and not children.get(e.key)
+                 and (over_count or (e.on_device and device > device_budget_bytes)
+                      or (not e.on_device and host > budget_bytes))]
+        if not helps:
+            return None
+        gone = min(helps, key=lambda e: values[e.key])
+        evict.append(gone.key)
+        del alive[gone.key]
+        if gone.parent in children:
+            children[gone.parent] -= 1
+        if gone.on_device:
+            device -= gone.nbytes
+        else:
+            host -= gone.nbytes
+    return evict
 
 
 def plan_eviction(current: Sequence[EntryStats], new: EntryStats, budget_bytes: int,
-                  max_entries: int, protected: frozenset = frozenset()) -> EvictionPlan:
-    """Which entries to drop so ``current + [new]`` fits ``budget_bytes`` and ``max_entries``.
+                  max_entries: int, protected: frozenset = frozenset(),
+                  device_budget_bytes: int = 0) -> EvictionPlan:
+    """Which entries to drop so ``current + [new]`` fits (:func:`plan_fit`: the host budget
+    ``budget_bytes``, the device budget for ``on_device`` entries, ``max_entries``).
 
     ``current`` is assumed to fit already. Entries go in increasing value
-    (:func:`entry_values`); protected keys are never chosen. When the new entry itself would go
-    (it is worth least, or cannot fit however many go), the plan is ``admit=False`` with nothing
-    evicted: an entry is never stored only to be evicted at once.
+    (:func:`entry_values`); protected keys are never chosen, nor an entry another depends on.
+    When the new entry itself would go (it is worth least, or cannot fit however many go), the
+    plan is ``admit=False`` with nothing evicted: an entry is never stored only to be evicted
+    at once.
     """
-    everyone = [*current, new]
-    if new.nbytes > budget_bytes or max_entries < 1:
+    limit = device_budget_bytes if new.on_device else budget_bytes
+    if new.nbytes > limit or max_entries < 1:
         return EvictionPlan(False, [])
-    values = entry_values(everyone)
-    order = sorted((e for e in everyone if e.key not in protected), key=lambda e: values[e.key])
-    total, count = sum(e.nbytes for e in everyone), len(everyone)
-    evict: list[Hashable] = []
-    for entry in order:
-        if total <= budget_bytes and count <= max_entries:
-            break
-        if entry.key == new.key:
-            return EvictionPlan(False, [])
-        evict.append(entry.key)
-        total, count = total - entry.nbytes, count - 1
-    if total > budget_bytes or count > max_entries:
+    evict = plan_fit([*current, new], budget_bytes, max_entries, protected, device_budget_bytes)
+    if evict is None or new.key in evict:
         return EvictionPlan(False, [])
     return EvictionPlan(True, evict)
 
@@ -212,8 +254,10 @@ class ParkingPool:
     Not thread-safe: used from the engine worker thread only.
     """
 
-    def __init__(self, budget_bytes: int, max_entries: int, block: int = DEFAULT_BLOCK) -> None:
+    def __init__(self, budget_bytes: int, max_entries: int, block: int = DEFAULT_BLOCK,
+                 device_budget_bytes: int = 0) -> None:
         self.budget_bytes = int(budget_bytes)
+        self.device_budget_bytes = int(device_budget_bytes)  # --park-device-mib
         self.max_entries = int(max_entries)
         self._entries: dict[Hashable, ParkedEntry] = {}
         self._index = PrefixIndex(block)
@@ -227,7 +271,20 @@ class ParkingPool:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of every entry (host and device)."""
         return sum(e.nbytes for e in self._entries.values())
+
+    @property
+    def host_nbytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values() if not e.on_device)
+
+    @property
+    def device_nbytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values() if e.on_device)
+
+    def children(self, parent: Hashable) -> list[ParkedEntry]:
+        """Entries whose prefix is ``parent``'s state (``LIVE`` or a key)."""
+        return [e for e in self._entries.values() if e.parent == parent]
 
     def entries(self) -> list[ParkedEntry]:
         return list(self._entries.values())
@@ -236,7 +293,8 @@ class ParkingPool:
         return f"ram-{next(self._ids)}"
 
     def stats(self, entry: ParkedEntry) -> EntryStats:
-        return EntryStats(entry.key, entry.nbytes, len(entry.held_ids), entry.last_used)
+        return EntryStats(entry.key, entry.nbytes, len(entry.held_ids), entry.last_used,
+                          entry.base, entry.parent, entry.on_device)
 
     def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
         """Entries worth considering for ``prompt`` with their usable prefix (verified by token
@@ -246,7 +304,7 @@ class ParkingPool:
     def plan_admission(self, entry: ParkedEntry, protected: frozenset = frozenset()) -> EvictionPlan:
         current = [self.stats(e) for e in self._entries.values()]
         return plan_eviction(current, self.stats(entry), self.budget_bytes, self.max_entries,
-                             protected)
+                             protected, self.device_budget_bytes)
 
     def add(self, entry: ParkedEntry) -> None:
         """Store ``entry`` (the caller has applied :meth:`plan_admission`)."""
@@ -265,10 +323,14 @@ class ParkingPool:
         return entry
 
     def prefixes_of(self, ids: Sequence[int]) -> list[Hashable]:
-        """Keys of entries whose held ids are a prefix of ``ids`` (superseded by them)."""
+        """Keys of entries whose held ids are a prefix of ``ids`` (superseded by them), leaves
+        only (an entry others depend on stays)."""
+        parents = {e.parent for e in self._entries.values()}
         out = []
         for group in self._index.lookup(ids):
             for key in group.keys:
+                if key in parents:
+                    continue
                 held = self._entries[key].held_ids
                 if len(held) <= len(ids) and common_prefix_length(held, ids) == len(held):
                     out.append(key)
@@ -289,9 +351,16 @@ def candidates_from_index(index: PrefixIndex, entries: dict, prompt: Sequence[in
         for key in group.keys:
             entry = entries[key]
             common = common_prefix_length(entry.held_ids, prompt)
-            usable = usable_prefix(len(entry.held_ids), common, len(prompt), can_rewind,
-                                   entry.checkpoint_positions)
+            usable = tail_usable(entry, usable_prefix(len(entry.held_ids), common, len(prompt),
+                                                      can_rewind, entry.checkpoint_positions))
             if usable > 0:
                 found.append(Candidate(key, usable, entry.tier, entry.last_used, len(entry.held_ids)))
                 best = max(best, usable)
     return found
+
+
+def tail_usable(entry: Any, usable: int) -> int:
+    """A tail entry is a candidate only past its base (below, its parent serves as well)."""
+    if getattr(entry, "parent", None) is not None and usable <= getattr(entry, "base", 0):
+        return 0
+    return usable

@@ -132,6 +132,20 @@ class StateSnapshot:
         return total
 
 
+def range_of(snapshot: StateSnapshot) -> tuple[int, int]:
+    """``(start, stop)`` tokens a snapshot covers: ``meta["range"]`` of a
+    :meth:`Engine.snapshot_range` copy, ``(0, n_past)`` for a whole :meth:`Engine.snapshot`."""
+    extent = snapshot.meta.get("range")
+    if extent is None:
+        return 0, int(snapshot.n_past)
+    return int(extent[0]), int(extent[1])
+
+
+def has_end_state(snapshot: StateSnapshot) -> bool:
+    """Whether a snapshot carries the state at its end (a whole snapshot always does)."""
+    return bool(snapshot.meta.get("end_state", True))
+
+
 @dataclass
 class Checkpoint:
     """Recurrent part of the state at ``position`` tokens, plus the logits there.
@@ -219,6 +233,52 @@ class Engine(ABC):
     @abstractmethod
     def state_nbytes(self) -> int:
         """Bytes the held state occupies for its ``n_past`` tokens (not the preallocation)."""
+
+    # --- token ranges: parking only the tail a fork discards ---------------------------------
+
+    #: True when ``snapshot_range(..., on_device=True)`` keeps its copy in memory apart from the
+    #: host's (a CUDA engine); such copies count against the device parking budget.
+    device_resident: bool = False
+
+    def range_nbytes(self, start: int, stop: int | None = None) -> int:
+        """Bytes :meth:`snapshot_range` ``(start, stop)`` would hold (``stop`` default
+        ``n_past``; the state at the end included when ``stop == n_past``)."""
+        raise EngineError(f"{type(self).__name__} has no token ranges")
+
+    def snapshot_range(self, start: int, stop: int | None = None,
+                       on_device: bool = False) -> StateSnapshot:
+        """Copy of held tokens ``[start, stop)`` (``stop`` default ``n_past``): their per-token
+        state (KV rows), plus, when ``stop == n_past``, the state that is not per token
+        (recurrent states; the "end state"). ``meta["range"] == [start, stop]``,
+        ``meta["end_state"]`` says whether the end state is in; ``n_past`` is ``stop``. ``on_device``: keep the copy in
+        the engine's device memory (see :attr:`device_resident`), else in host memory.
+        ``snapshot_range(0)`` is a whole snapshot :meth:`restore` accepts.
+        Raises :class:`EngineError` when ``0 <= start <= stop <= n_past`` does not hold."""
+        raise EngineError(f"{type(self).__name__} has no token ranges")
+
+    def restore_range(self, snapshot: StateSnapshot) -> None:
+        """Put a :meth:`snapshot_range` copy back at its start: the held state is cut to
+        ``start`` (``n_past >= start`` required) and the range appended; ``n_past`` becomes
+        its ``stop``. The caller guarantees that the held tokens ``[0, start)`` are those (and
+        computed as) when the range was taken. A range without the end state leaves the
+        non-per-token part undefined until a later range that has it (rewindable engines have
+        none). Raises :class:`EngineError` on a mismatch (another model, shapes, n_past < start,
+        beyond ``max_context``); the held state is then undefined (reset it)."""
+        raise EngineError(f"{type(self).__name__} has no token ranges")
+
+    def slice_range(self, snapshot: StateSnapshot, start: int, stop: int) -> StateSnapshot:
+        """The part ``[start, stop)`` of a range (or whole) snapshot covering it, without
+        copying where the engine can (views); the end state only when ``stop`` is the
+        snapshot's own stop. Raises :class:`EngineError` when not covered."""
+        raise EngineError(f"{type(self).__name__} has no token ranges")
+
+    def join_ranges(self, pieces: Sequence[StateSnapshot], on_device: bool = False) -> StateSnapshot:
+        """One snapshot of adjacent ranges (each piece's stop is the next one's start), the end
+        state from the last piece; in device memory when ``on_device``, else host memory
+        (fresh contiguous tensors either way). From 0 with the end state: a whole snapshot
+        (what :meth:`restore` and the disk tier take). Raises :class:`EngineError` when the
+        pieces are not adjacent."""
+        raise EngineError(f"{type(self).__name__} has no token ranges")
 
     # --- checkpoints: only engines that cannot rewind need them -----------------------------
 

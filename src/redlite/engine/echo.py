@@ -36,7 +36,8 @@ from typing import Sequence
 import numpy as np
 
 from redlite.core.byte_tokenizer import END, TOOL, USER, VOCAB_SIZE
-from redlite.engine.base import Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot
+from redlite.engine.base import (Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot,
+                                has_end_state, range_of)
 from redlite.engine.logit_rules import NumpySampler
 
 FAIL_MARKER = b"FAIL!"
@@ -77,8 +78,9 @@ class EchoEngine(Engine):
 
     def __init__(self, can_rewind: bool = True, max_context: int = 1 << 20,
                  delay_ms: float = 0.0, model_id: str = "echo", prefill_delay_ms: float = 0.0,
-                 snapshot_delay_ms: float = 0.0) -> None:
+                 snapshot_delay_ms: float = 0.0, device_resident: bool = False) -> None:
         self.model_id = model_id
+        self.device_resident = device_resident  # tests: on_device copies count as device memory
         self.can_rewind = can_rewind
         self.max_context = max_context
         self.vocab_size = VOCAB_SIZE
@@ -194,6 +196,58 @@ class EchoEngine(Engine):
 
     def state_nbytes(self) -> int:
         return 8 * self.n_past
+
+    # --- token ranges: ``{"held": int64 [stop - start]}``; the end state is the source ------
+
+    def range_nbytes(self, start: int, stop: int | None = None) -> int:
+        stop = self.n_past if stop is None else stop
+        return 8 * (stop - start)
+
+    def snapshot_range(self, start: int, stop: int | None = None,
+                       on_device: bool = False) -> StateSnapshot:
+        stop = self.n_past if stop is None else int(stop)
+        if not 0 <= start <= stop <= self.n_past:
+            raise EngineError(f"range [{start}, {stop}) of {self.n_past} held tokens")
+        if self.snapshot_delay_ms:
+            time.sleep(self.snapshot_delay_ms * (stop - start) / max(1, self.n_past) / 1000.0)
+        meta = {"range": [int(start), stop], "end_state": stop == self.n_past}
+        if meta["end_state"]:
+            meta.update(source=self._source.hex(), generated=self._generated)
+        return StateSnapshot(stop, {"held": np.asarray(self._held[start:stop], dtype=np.int64)},
+                             meta, tensor_format="numpy")
+
+    def restore_range(self, snapshot: StateSnapshot) -> None:
+        start, stop = range_of(snapshot)
+        held = snapshot.tensors["held"]
+        if start > self.n_past or len(held) != stop - start or stop > self.max_context:
+            raise EngineError(f"range [{start}, {stop}) does not fit {self.n_past} held tokens")
+        del self._held[start:]
+        self._held.extend(int(t) for t in held)
+        if has_end_state(snapshot):
+            self._source = bytes.fromhex(snapshot.meta.get("source", ""))
+            self._generated = int(snapshot.meta.get("generated", 0))
+
+    def slice_range(self, snapshot: StateSnapshot, start: int, stop: int) -> StateSnapshot:
+        first, last = range_of(snapshot)
+        if not first <= start <= stop <= last:
+            raise EngineError(f"[{start}, {stop}) is not inside [{first}, {last})")
+        meta = {"range": [start, stop], "end_state": stop == last and has_end_state(snapshot)}
+        if meta["end_state"]:
+            meta.update(source=snapshot.meta.get("source", ""), generated=snapshot.meta.get("generated", 0))
+        held = snapshot.tensors["held"][start - first:stop - first]
+        return StateSnapshot(stop, {"held": held}, meta, tensor_format="numpy")
+
+    def join_ranges(self, pieces, on_device: bool = False) -> StateSnapshot:
+        extents = [range_of(p) for p in pieces]
+        if not extents or any(a[1] != b[0] for a, b in zip(extents, extents[1:])):
+            raise EngineError(f"ranges {extents} are not adjacent")
+        start, stop = extents[0][0], extents[-1][1]
+        last = pieces[-1]
+        meta = {"range": [start, stop], "end_state": has_end_state(last)}
+        if meta["end_state"]:
+            meta.update(source=last.meta.get("source", ""), generated=last.meta.get("generated", 0))
+        held = np.concatenate([np.asarray(p.tensors["held"], dtype=np.int64) for p in pieces])
+        return StateSnapshot(stop, {"held": held}, meta, tensor_format="numpy")
 
     def take_checkpoint(self, logits: EchoLogits, turn_boundary: bool = False) -> Checkpoint | None:
         if self.can_rewind:
