@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--park-mib", type=float, default=2048.0,
                        help="host memory for parked conversations, MiB (fractions allowed; 0: none)")
     serve.add_argument("--park-slots", type=int, default=8, help="most conversations parked in RAM")
+    serve.add_argument("--park-device-mib", type=float, default=4096.0,
+                       help="device memory (GPU) for parked conversations, MiB: a fork's discarded "
+                            "tail stays there while it fits, else goes to host RAM (0: host only)")
     serve.add_argument("--session-dir", default=None,
                        help="directory of saved conversations (disk tier; off when not given)")
     serve.add_argument("--session-min-tokens", type=int, default=512,

@@ -294,7 +294,14 @@ class Conversations:
             if keep == 0 and not on_device:
                 entry = capture(gen, key, self._clock())
             else:
-                entry = capture_tail(gen, key, self._clock(), keep, on_device)
+                try:
+                    entry = capture_tail(gen, key, self._clock(), keep, on_device)
+                except Exception as error:  # noqa: BLE001 - device memory short: host memory
+                    if not on_device:
+                        raise
+                    log.warning("park on device failed (%s: %s); host memory instead",
+                                type(error).__name__, error)
+                    entry = capture_tail(gen, key, self._clock(), keep, False)
         except Exception as error:
             log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
             return

@@ -204,7 +204,9 @@ class TorchEngine(Engine):
         return int(self.state.cache.nbytes(stop - start)) + int(end)
 
     def _meta(self, start: int, stop: int, end_state: bool) -> dict:
-        return {"fingerprint": self.fingerprint(), "dtype": str(self.dtype).removeprefix("torch."),
+        # no fingerprint: hashing the weights would cost the first fork seconds on a big model;
+        # ranges stay in this process (files carry the store's fingerprint)
+        return {"dtype": str(self.dtype).removeprefix("torch."),
                 "layout": type(self.state).__name__, "range": [int(start), int(stop)],
                 "end_state": bool(end_state)}
 

@@ -34,9 +34,12 @@ log = logging.getLogger("redlite")
 
 
 def build_parking(args: argparse.Namespace, expected) -> Conversations:
-    """The RAM pool (``--park-mib``, ``--park-slots``) and, with ``--session-dir``, the disk tier
-    indexed now (so a saved conversation's first request is restored from disk)."""
-    pool = ParkingPool(int(args.park_mib * (1 << 20)), args.park_slots)
+    """The RAM pool (``--park-mib``, ``--park-slots``, ``--park-device-mib`` for entries kept in
+    device memory) and, with ``--session-dir``, the disk tier indexed now (so a saved
+    conversation's first request is restored from disk)."""
+    device_mib = getattr(args, "park_device_mib", 0.0)
+    pool = ParkingPool(int(args.park_mib * (1 << 20)), args.park_slots,
+                       device_budget_bytes=int(device_mib * (1 << 20)))
     sessions = None
     if args.session_dir:
         sessions = SessionStore(args.session_dir, expected, min_tokens=args.session_min_tokens,

@@ -1,0 +1,178 @@
+"""What a fork costs: parking only the discarded tail against parking the whole state.
+
+In-process (Generator + Conversations + TorchEngine, random weights of a small Llama shape, or
+``--shape`` 1b on a GPU), for each held size: a conversation of ``held`` tokens is prefilled
+and answered, then
+
+- a regenerate (the same prompt again: the answer's tokens are the tail) and
+- a fork (the last ``--suffix`` prompt tokens changed: they and the answer are the tail)
+
+run with parking on; the same requests on a generator without parking give the ideal (rewind +
+suffix prefill + one token). Printed per size: tokens and bytes parked (tail) against the whole
+state's bytes and the time a whole capture takes (what parking cost before), the park time
+from the log line, TTFT with parking, the ideal, and the excess (TTFT - ideal), medians of
+``--repeat``. Then the old branch is continued (restored from its tail) and its greedy tokens
+compared with a cold engine's.
+
+Usage: PYTHONPATH=src .venv/bin/python bench/fork.py [--sizes 1024,4096,8192] [--repeat 3]
+       [--device cpu|cuda] [--shape small|1b] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from redlite.core.byte_tokenizer import ByteTokenizer  # noqa: E402
+from redlite.core.conversations import Conversations, capture  # noqa: E402
+from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings  # noqa: E402
+from redlite.core.parking import ParkingPool  # noqa: E402
+from redlite.engine.base import SamplingParams  # noqa: E402
+from redlite.engine.torch_engine import TorchEngine  # noqa: E402
+from redlite.models.llama import LlamaModel  # noqa: E402
+
+SHAPES = {  # hidden, intermediate, layers, heads, kv heads, vocab
+    "small": (256, 688, 4, 4, 4, 261),
+    "1b": (2048, 8192, 16, 32, 8, 261),  # the byte tokenizer's vocabulary
+}
+
+
+class ParkLog(logging.Handler):
+    """Collects the ``parked N tok (B bytes) in X ms`` lines."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.parks: list[tuple[int, int, float, str]] = []
+
+    def emit(self, record):
+        m = re.match(r"parked (\d+) tok \((\d+) bytes\) in ([\d.]+) ms: .* tier=(\w+)", record.getMessage())
+        if m:
+            self.parks.append((int(m[1]), int(m[2]), float(m[3]), m[4]))
+
+
+def build(shape: str, device: str, ctx: int) -> LlamaModel:
+    hidden, inter, layers, heads, kv, vocab = SHAPES[shape]
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                                      num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                                      max_position_embeddings=ctx)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = LlamaModel(config.to_dict(), device=device, dtype=dtype)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_((0.02 * torch.randn(p.shape, generator=gen)).to(p.dtype))
+    return model.eval()
+
+
+def run(gen: Generator, ids: list[int], max_tokens: int):
+    request = GenerationRequest(list(ids), max_tokens=max_tokens, sampling=SamplingParams(temperature=0.0))
+    return list(gen.run(request))[-1]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(model, device: str, held: int, suffix: int, answer: int, repeat: int, vocab: int) -> dict:
+    tok = ByteTokenizer()
+    ctx = held + 64
+    parked = Generator(TorchEngine(model, ctx_size=ctx, device=device), tok, GeneratorSettings())
+    parked.parking = Conversations(ParkingPool(8 << 30, 8, device_budget_bytes=4 << 30), None)
+    ideal = Generator(TorchEngine(model, ctx_size=ctx, device=device), tok, GeneratorSettings())
+    handler = ParkLog()
+    logging.getLogger("redlite.parking").addHandler(handler)
+    logging.getLogger("redlite.parking").setLevel(logging.INFO)
+    prompt = [(i * 2654435761) % (vocab - 10) for i in range(held - answer)]
+    fork = prompt[:-suffix] + [(t + 1) % (vocab - 10) for t in prompt[-suffix:]]
+    out: dict = {"held": held, "suffix": suffix}
+    for name, second in (("regenerate", prompt), ("fork", fork)):
+        ttft, ttft_ideal, parks, whole_ms = [], [], [], []
+        for _ in range(repeat):
+            for gen in (parked, ideal):
+                run(gen, prompt, answer)
+            sync(device)
+            started = time.perf_counter()
+            whole = capture(parked, "probe", 0.0)  # what parking cost before: the whole state
+            sync(device)
+            whole_ms.append((time.perf_counter() - started) * 1000.0)
+            whole_bytes = whole.nbytes
+            del whole
+            handler.parks.clear()
+            ttft.append(run(parked, second, 1).ttft_ms)
+            parks.append(handler.parks[-1])
+            ttft_ideal.append(run(ideal, second, 1).ttft_ms)
+            parked.parking.pool = ParkingPool(8 << 30, 8, device_budget_bytes=4 << 30)
+            parked.parking.lineage.pool = parked.parking.pool
+        tokens, nbytes, _, tier = parks[-1]
+        out[name] = {"tail_tokens": tokens, "tail_bytes": nbytes, "tier": tier,
+                     "whole_bytes": whole_bytes, "whole_capture_ms": statistics.median(whole_ms),
+                     "park_ms": statistics.median(p[2] for p in parks),
+                     "ttft_ms": statistics.median(ttft), "ideal_ms": statistics.median(ttft_ideal)}
+        out[name]["excess_ms"] = out[name]["ttft_ms"] - out[name]["ideal_ms"]
+    # the old branch back: restored from its tail, greedy tokens as a cold engine's
+    first = run(parked, prompt, 8)
+    run(parked, fork, 4)
+    back = prompt + first.answer_ids + [5, 6]
+    warm = run(parked, back, 8)
+    cold = Generator(TorchEngine(model, ctx_size=ctx + 32, device=device), tok, GeneratorSettings())
+    out["old_branch_cached"] = warm.cached_tokens
+    out["old_branch_matches_cold"] = warm.answer_ids == run(cold, back, 8).answer_ids
+    logging.getLogger("redlite.parking").removeHandler(handler)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1024,4096,8192")
+    parser.add_argument("--suffix", type=int, default=16, help="prompt tokens a fork changes")
+    parser.add_argument("--answer", type=int, default=32, help="answer tokens before the fork")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shape", default="small", choices=sorted(SHAPES))
+    parser.add_argument("--machine", default=platform.machine() + "-cpu")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    model = build(args.shape, args.device, max(sizes) + 128)
+    vocab = SHAPES[args.shape][5]
+    rows = [measure(model, args.device, n, args.suffix, args.answer, args.repeat, vocab) for n in sizes]
+    lines = [f"# fork cost, {args.shape} llama shape on {args.device} ({datetime.date.today()})", "",
+             "| held | request | tail tok | tail bytes | tier | whole bytes | whole capture ms | park ms "
+             "| TTFT ms | ideal ms | excess ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for name in ("regenerate", "fork"):
+            r = row[name]
+            lines.append(f"| {row['held']} | {name} | {r['tail_tokens']} | {r['tail_bytes']} | {r['tier']} "
+                         f"| {r['whole_bytes']} | {r['whole_capture_ms']:.1f} | {r['park_ms']:.1f} "
+                         f"| {r['ttft_ms']:.1f} | {r['ideal_ms']:.1f} | {r['excess_ms']:.1f} |")
+    lines.append("")
+    lines += [f"old branch at {row['held']}: restored {row['old_branch_cached']} tok, greedy tokens "
+              f"{'identical to' if row['old_branch_matches_cold'] else 'DIFFERENT from'} a cold engine"
+              for row in rows]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        stem = Path(args.out) / f"fork-{datetime.date.today()}-{args.machine}"
+        stem.with_suffix(".md").write_text(text + "\n")
+        stem.with_suffix(".json").write_text(json.dumps({"shape": args.shape, "device": args.device,
+                                                         "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
