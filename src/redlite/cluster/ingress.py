@@ -1,0 +1,57 @@
+"""The HTTP ingress of the cluster: reads each request, computes its conversation key
+(:func:`redlite.cluster.affinity.conversation_key`) and forwards it to a replica through a
+Ray Serve handle whose router (:class:`redlite.cluster.router.AffinityRouter`, or Ray Serve's
+default) picks the replica; the replica's response streams back unchanged (status, headers,
+SSE events as they come). The ingress holds no model: it is cheap to run several.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from redlite.cluster.affinity import conversation_key
+from redlite.cluster.replica import ForwardedRequest
+from redlite.cluster.router import KEY_ARG
+
+log = logging.getLogger("redlite.cluster")
+
+
+def _json_object(body: bytes) -> dict | None:
+    """The body as a JSON object, or None (the replica answers malformed bodies)."""
+    try:
+        value = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+async def _rest(stream) -> AsyncIterator[bytes]:
+    async for chunk in stream:
+        yield chunk
+
+
+class Ingress:
+    """Ray Serve ingress deployment (wrapped in :func:`redlite.cluster.app.build_app`).
+    ``replicas``: the handle of the replica deployment."""
+
+    def __init__(self, replicas) -> None:
+        self.replicas = replicas.options(method_name="handle", stream=True)
+
+    async def __call__(self, request: Request) -> StreamingResponse:
+        body = await request.body()
+        headers = [(k.lower(), v) for k, v in request.headers.items()]
+        key = conversation_key(dict(headers), request.url.path, _json_object(body))
+        client = (request.client.host, request.client.port) if request.client else None
+        forwarded = ForwardedRequest(request.method, request.url.path,
+                                     request.url.query.encode("latin-1"), headers, body, client)
+        stream = self.replicas.remote(forwarded, **{KEY_ARG: key.value if key else None})
+        status, response_headers = await stream.__anext__()
+        response = StreamingResponse(_rest(stream), status_code=status)
+        response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1"))
+                                for k, v in response_headers]
+        return response
