@@ -14,6 +14,7 @@ from ray import serve
 from ray.serve.config import RequestRouterConfig
 
 from redlite.cluster.ingress import Ingress
+from redlite.cluster.options import add_cluster_options
 from redlite.cluster.replica import Replica
 
 ROUTER_CLASSES = {
@@ -36,7 +37,16 @@ def build_app(args: argparse.Namespace):
     replicas = serve.deployment(Replica, name="redlite").options(**options)
     ingress = serve.deployment(Ingress, name="ingress").options(
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
-    return ingress.bind(replicas.bind(args))
+    return ingress.bind(replicas.bind(replica_args(args)))
+
+
+def replica_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The ``redlite serve`` options of ``args`` (the cluster's own dropped: changing the
+    replica count does not change what each replica is)."""
+    cluster = argparse.ArgumentParser()
+    add_cluster_options(cluster)
+    dropped = {a.dest for a in cluster._actions}
+    return argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in dropped})
 
 
 def app_builder(config: dict):
@@ -45,5 +55,6 @@ def app_builder(config: dict):
 
     argv = ["serve-cluster"]
     for name, value in config.items():
-        argv += [f"--{name.replace('_', '-')}", str(value)]
+        flag = f"--{name.replace('_', '-')}"
+        argv += [flag] if value is True else [] if value is False else [flag, str(value)]
     return build_app(build_parser().parse_args(argv))

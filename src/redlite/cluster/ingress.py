@@ -20,6 +20,10 @@ from redlite.cluster.router import KEY_ARG
 
 log = logging.getLogger("redlite.cluster")
 
+# Ray Serve's proxy adds its own x-request-id: the replica's (the id in its logs and error
+# bodies) is passed on under another name rather than as a second value.
+REQUEST_ID_RENAMES = {"x-request-id": "x-redlite-request-id"}
+
 
 def _json_object(body: bytes) -> dict | None:
     """The body as a JSON object, or None (the replica answers malformed bodies)."""
@@ -52,6 +56,6 @@ class Ingress:
         stream = self.replicas.remote(forwarded, **{KEY_ARG: key.value if key else None})
         status, response_headers = await stream.__anext__()
         response = StreamingResponse(_rest(stream), status_code=status)
-        response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1"))
-                                for k, v in response_headers]
+        response.raw_headers = [(REQUEST_ID_RENAMES.get(k, k).encode("latin-1"),
+                                 v.encode("latin-1")) for k, v in response_headers]
         return response
