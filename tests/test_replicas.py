@@ -212,6 +212,15 @@ def test_two_replicas_on_ray_serve_keep_affinity_and_survive_a_dead_replica(tmp_
         assert stream.text.rstrip().endswith("data: [DONE]")
         assert stream.headers["x-redlite-replica"] in where[0]
         assert client.get("/health").status_code == 200
+        surfaces = [("/v1/completions", {"prompt": "abc", "max_tokens": 4}),
+                    ("/v1/messages", {"model": "m", "max_tokens": 8, "metadata": {"user_id": "u"},
+                                      "messages": [{"role": "user", "content": "hi"}]}),
+                    ("/v1/responses", {"input": "hi", "prompt_cache_key": "r"})]
+        for path, body in surfaces:  # every API surface goes through the ingress
+            response = client.post(path, json=body)
+            assert response.status_code == 200 and "x-redlite-replica" in response.headers, path
+        bad = client.post("/v1/chat/completions", content=b"{", headers={"content-type": "application/json"})
+        assert bad.status_code == 400 and "error" in bad.json()
         # kill the replica of conversation 0: its conversations move and restore from disk
         victim = next(iter(where[0]))
         name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
