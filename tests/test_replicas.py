@@ -160,6 +160,63 @@ def test_a_conversation_parked_by_one_server_is_restored_by_another(tmp_path):
             server.worker.shutdown()
 
 
+class FakeReplicas:
+    """A replica handle whose replica dies before answering (or answers ``items``)."""
+
+    def __init__(self, items=None):
+        self.items, self.calls = items, []
+
+    def options(self, **_):
+        return self
+
+    def remote(self, request, **kwargs):
+        self.calls.append((request, kwargs))
+        items = self.items
+
+        async def stream():
+            if items is None:
+                raise RuntimeError("actor died")
+            for item in items:
+                yield item
+        return stream()
+
+
+def ingress_call(replicas, path, body: bytes, headers=()):
+    pytest.importorskip("ray", reason="ray[serve] not installed")
+    from starlette.requests import Request
+
+    from redlite.cluster.ingress import Ingress
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
+             "headers": [(k.encode(), v.encode()) for k, v in headers], "client": ("1.2.3.4", 5)}
+
+    async def run():
+        response = await Ingress(replicas)(Request(scope, receive))
+        chunks = [c async for c in response.body_iterator] if hasattr(response, "body_iterator") \
+            else [response.body]
+        return response, b"".join(chunks)
+    return asyncio.run(run())
+
+
+def test_ingress_forwards_the_key_and_renames_the_replica_request_id():
+    replicas = FakeReplicas([(200, [("x-request-id", "req_1"), ("x-redlite-replica", "r")]), b"ok"])
+    response, body = ingress_call(replicas, "/v1/chat/completions",
+                                  json.dumps(chat("route me")).encode(), [("session_id", "s9")])
+    request, kwargs = replicas.calls[0]
+    assert kwargs == {"affinity_key": "s9"} and request.client == ("1.2.3.4", 5)
+    assert response.status_code == 200 and body == b"ok"
+    assert (b"x-redlite-request-id", b"req_1") in response.raw_headers
+
+
+def test_ingress_answers_503_in_the_surface_shape_when_no_replica_answers():
+    response, body = ingress_call(FakeReplicas(), "/v1/messages", b"{}")
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert json.loads(body)["type"] == "error"  # Anthropic's error shape on /v1/messages
+
+
 # --- end to end on Ray Serve ------------------------------------------------------------------
 
 

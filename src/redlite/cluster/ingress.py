@@ -2,7 +2,8 @@
 (:func:`redlite.cluster.affinity.conversation_key`) and forwards it to a replica through a
 Ray Serve handle whose router (:class:`redlite.cluster.router.AffinityRouter`, or Ray Serve's
 default) picks the replica; the replica's response streams back unchanged (status, headers,
-SSE events as they come). The ingress holds no model: it is cheap to run several.
+SSE events as they come). A replica that fails before answering gives a 503 (``Retry-After``)
+in the surface's error shape. The ingress holds no model: it is cheap to run several.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from starlette.responses import StreamingResponse
 from redlite.cluster.affinity import conversation_key
 from redlite.cluster.replica import ForwardedRequest
 from redlite.cluster.router import KEY_ARG
+from redlite.server.errors import error_response, surface_of
 
 log = logging.getLogger("redlite.cluster")
 
@@ -35,6 +37,8 @@ def _json_object(body: bytes) -> dict | None:
 
 
 async def _rest(stream) -> AsyncIterator[bytes]:
+    """The body chunks after the (status, headers) item; a replica failing mid-stream ends
+    the stream there (the status is already sent)."""
     async for chunk in stream:
         yield chunk
 
@@ -54,7 +58,14 @@ class Ingress:
         forwarded = ForwardedRequest(request.method, request.url.path,
                                      request.url.query.encode("latin-1"), headers, body, client)
         stream = self.replicas.remote(forwarded, **{KEY_ARG: key.value if key else None})
-        status, response_headers = await stream.__anext__()
+        try:
+            status, response_headers = await stream.__anext__()
+        except Exception:  # the replica died or was removed under the request
+            log.warning("no replica answered %s %s", request.method, request.url.path,
+                        exc_info=True)
+            return error_response(503, "no replica could take the request; retry",
+                                  code="replica_unavailable", headers={"Retry-After": "1"},
+                                  surface=surface_of(request.url.path))
         response = StreamingResponse(_rest(stream), status_code=status)
         response.raw_headers = [(REQUEST_ID_RENAMES.get(k, k).encode("latin-1"),
                                  v.encode("latin-1")) for k, v in response_headers]
