@@ -217,6 +217,15 @@ def test_ingress_answers_503_in_the_surface_shape_when_no_replica_answers():
     assert json.loads(body)["type"] == "error"  # Anthropic's error shape on /v1/messages
 
 
+def test_serve_cluster_refuses_bad_options_before_starting_ray(tmp_path):
+    from redlite.cli import main
+
+    assert main(["serve-cluster", "--engine", "echo", "--replicas", "0"]) == 1
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["serve-cluster", "--engine", "echo", "--session-dir", str(blocked)]) == 1
+
+
 # --- end to end on Ray Serve ------------------------------------------------------------------
 
 
