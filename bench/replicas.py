@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import random
 import socket
@@ -146,7 +147,8 @@ def markdown(report: dict) -> str:
              f"Serve's HTTP proxy; half with a session header, half keyless. max_tokens "
              f"{o['max_tokens']}, user messages ~{o['user_chars']} chars"
              + (f", echo prefill delay {o['echo_prefill_delay_ms']} ms/token" if o['engine'] == 'echo' else "")
-             + ". Measured on a shared 2-core machine under load (timings noisy).",
+             + f". Load average at the start {report['loadavg'][0]:.1f} on "
+             f"{report['cpus']} CPUs (timings are noisy when it is high).",
              "",
              "| router | requests | prompt tok | reused tok | prefilled tok | reuse efficiency "
              "| TTFT sum (s) | replicas per conversation (max) |",
@@ -180,7 +182,8 @@ def main() -> int:
 
     ray.init(num_cpus=max(2, opts.replicas), include_dashboard=False, log_to_driver=False)
     report = {"date": datetime.date.today().isoformat(), "machine": opts.machine,
-              "options": vars(opts), "routers": {}}
+              "options": vars(opts), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
+              "routers": {}}
     try:
         port = free_port()
         for router in opts.routers.split(","):

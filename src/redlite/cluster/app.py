@@ -37,7 +37,7 @@ def build_app(args: argparse.Namespace):
     replicas = serve.deployment(Replica, name="redlite").options(**options)
     ingress = serve.deployment(Ingress, name="ingress").options(
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
-    return ingress.bind(replicas.bind(replica_args(args)))
+    return ingress.bind(replicas.bind(replica_args(args)), args.log_level)
 
 
 def replica_args(args: argparse.Namespace) -> argparse.Namespace:

@@ -45,9 +45,11 @@ async def _rest(stream) -> AsyncIterator[bytes]:
 
 class Ingress:
     """Ray Serve ingress deployment (wrapped in :func:`redlite.cluster.app.build_app`).
-    ``replicas``: the handle of the replica deployment."""
+    ``replicas``: the handle of the replica deployment; ``log_level``: ``--log-level`` (the
+    router's route lines are logged here, in the ingress's process)."""
 
-    def __init__(self, replicas) -> None:
+    def __init__(self, replicas, log_level: str = "info") -> None:
+        logging.basicConfig(level=log_level.upper())
         self.replicas = replicas.options(method_name="handle", stream=True)
 
     async def __call__(self, request: Request) -> StreamingResponse:
