@@ -204,6 +204,7 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
     built = build_server(args, security)
     worker, parking = built.worker, built.parking
     if stopper.requested.is_set():
+        worker.shutdown(wait_s=0.0)
         return 0
     config = uvicorn.Config(built.app, host=args.host, port=args.port,
                             log_level="warning", timeout_graceful_shutdown=10,
