@@ -245,7 +245,7 @@ def post_until_ok(client, body, headers, deadline_s=90.0):
         time.sleep(0.5)
 
 
-def test_two_replicas_on_ray_serve_keep_affinity_and_survive_a_dead_replica(tmp_path):
+def test_two_replicas_on_ray_serve_keep_affinity_survive_a_dead_replica_and_save_on_removal(tmp_path):
     ray = pytest.importorskip("ray", reason="ray[serve] not installed")
     from redlite.cluster.run import start_cluster, stop_cluster
 
@@ -255,6 +255,7 @@ def test_two_replicas_on_ray_serve_keep_affinity_and_survive_a_dead_replica(tmp_
         "--port", str(port), "--session-dir", str(tmp_path), "--session-min-tokens", "1",
         "--park-slots", "0", "--log-level", "warning"])
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    stopped = False
     try:
         start_cluster(args)
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
@@ -299,8 +300,22 @@ def test_two_replicas_on_ray_serve_keep_affinity_and_survive_a_dead_replica(tmp_
             assert response.status_code == 200, response.text
             assert response.headers["x-redlite-replica"] != victim
             assert response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        # a removed replica saves its live conversation: the last one, never parked
+        last = chat("the last conversation before the stop")
+        first = post_until_ok(client, last, {}).json()
+        answer = first["choices"][0]["message"]
+        stop_cluster()
+        stopped = True
+        later = build_server(serve_args("--session-dir", str(tmp_path)))
+        try:
+            turn = {"messages": last["messages"] + [answer, {"role": "user", "content": "more"}]}
+            usage = usage_of(asyncio.run(collect(later.app, forwarded(turn))))
+            assert usage["prompt_tokens_details"]["cached_tokens"] >= first["usage"]["total_tokens"] - 1
+        finally:
+            later.worker.shutdown()
     finally:
         try:
-            stop_cluster()
+            if not stopped:
+                stop_cluster()
         finally:
             ray.shutdown()
