@@ -350,9 +350,11 @@ class Conversations:
         if entry.parent == LIVE or entry.base == 0:  # it holds a copy of the live state
             self.lineage.release_live(self._gen, entry.base, heir=entry) if self._gen else None
         ms = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
-        log.info("parked %d tok (%d bytes) in %.1f ms: tokens [%d, %d) tier=%s; ram pool %d "
-                 "entries, %d bytes host, %d bytes device", n - entry.base, entry.nbytes, ms,
-                 entry.base, n, "device" if entry.on_device else "ram", len(self.pool),
+        log.info("parked %d tok (%d bytes) in %.1f ms: tokens [%d, %d) tier=%s as %s (%s)%s; pool "
+                 "%d entries, %d bytes host, %d bytes device", n - entry.base, entry.nbytes, ms,
+                 entry.base, n, "device" if entry.on_device else "ram", entry.key,
+                 f"tail on the live prefix [0, {entry.base})" if entry.is_tail else "whole",
+                 f" session={entry.session}" if entry.session else "", len(self.pool),
                  self.pool.host_nbytes, self.pool.device_nbytes)
 
     def _spill(self, entry: ParkedEntry, reason: str, protected: frozenset, can_rewind: bool) -> None:
