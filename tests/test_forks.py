@@ -172,6 +172,8 @@ def test_device_budget_then_host(caplog):
     assert pool.device_nbytes <= 1500 and pool.host_nbytes == sum(e.nbytes for e in pool.entries()
                                                                   if not e.on_device)
     assert "tier=device" in caplog.text and "tier=ram" in caplog.text
+    assert "restored from device" in caplog.text  # the third request took A's tail back
+    assert gen.parking.restores == {"device": 1}
 
 
 def test_evicted_tail_goes_to_disk_whole(tmp_path, caplog):

@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Hashable
 
 from redlite.core.forks import Lineage, parked_checkpoint, trusted
-from redlite.core.parking import (ID_BYTES_PER_TOKEN, LIVE, Candidate, EntryStats, EvictionPlan,
+from redlite.core.parking import (ID_BYTES_PER_TOKEN, LIVE, POOL_TIERS, Candidate, EntryStats, EvictionPlan,
                                   ParkedCheckpoint, ParkedEntry, ParkingPool, choose_candidate,
                                   plan_eviction, tail_usable, tensor_nbytes, usable_prefix)
 from redlite.core.reuse import common_prefix_length
@@ -123,7 +123,7 @@ class Conversations:
     (disk, may be None). Used from the engine worker thread only.
 
     restores / restore_seconds: successful restores and the seconds they took, per tier
-    (``ram``, ``disk``), for the metrics (read from other threads)."""
+    (``device``, ``ram``, ``disk``), for the metrics (read from other threads)."""
 
     def __init__(self, pool: ParkingPool | None, sessions: SessionStore | None,
                  clock=time.time) -> None:
@@ -182,7 +182,7 @@ class Conversations:
             keep = links[0].base if links[0].parent == LIVE else 0
             if self._live_would_lose(gen, live_common, choice.usable):
                 self.park_live(gen, frozenset(e.key for e in links), keep=keep)
-            popped = choice.tier == "ram" and choice.key not in self.pool
+            popped = choice.tier in POOL_TIERS and choice.key not in self.pool
             installed = self._install(gen, entry, keep)
             if popped:  # its dependants now build on the live state, or lost their prefix
                 self.lineage.adopt(choice.key, installed)
@@ -227,7 +227,7 @@ class Conversations:
                     usable = tail_usable(entry, usable_prefix(
                         len(entry.held_ids), common_prefix_length(entry.held_ids, prompt),
                         len(prompt), can_rewind, entry.checkpoint_positions))
-                    candidates.append(Candidate(entry.key, usable, "ram", entry.last_used,
+                    candidates.append(Candidate(entry.key, usable, entry.tier, entry.last_used,
                                                 len(entry.held_ids), session=True))
         if self.pool is not None:
             candidates += self.pool.candidates(prompt, can_rewind, live_usable)
@@ -248,7 +248,7 @@ class Conversations:
     def _fetch(self, choice: Candidate) -> ParkedEntry | None:
         """The chosen entry. A RAM entry the prompt extends leaves the pool (the live state
         will supersede it); one the request cuts back stays parked (the engine copies it)."""
-        if choice.tier == "ram":
+        if choice.tier in POOL_TIERS:
             if choice.usable >= choice.held_len:
                 entry = self.pool.pop(choice.key)
             else:
@@ -334,16 +334,16 @@ class Conversations:
         (it extends them; engines that can rewind) leave the pool only once it is admitted."""
         n = len(entry.held_ids)
         if self.pool is None:
-            self._spill(entry, "no-ram-pool", protected, can_rewind)
+            self._spill(entry, "no-ram-pool", protected, can_rewind, source="live")
             return
         superseded = self._superseded(entry.held_ids, protected, can_rewind)
         plan = self._admission(self.pool.stats(entry), superseded, protected)
         if not plan.admit:
-            self._spill(entry, "no-room", protected, can_rewind)
+            self._spill(entry, "no-room", protected, can_rewind, source="live")
             return
         for key in superseded:
             old = self.pool.pop(key)
-            log.info("evicted %d tok from ram reason=superseded", len(old.held_ids))
+            log.info("evicted %d tok from %s reason=superseded", len(old.held_ids), old.tier)
         for key in plan.evict:
             self._spill(self.pool.pop(key), "value", protected, can_rewind)
         self.pool.add(entry)
@@ -357,13 +357,15 @@ class Conversations:
                  f" session={entry.session}" if entry.session else "", len(self.pool),
                  self.pool.host_nbytes, self.pool.device_nbytes)
 
-    def _spill(self, entry: ParkedEntry, reason: str, protected: frozenset, can_rewind: bool) -> None:
-        """An entry leaving the pool (or not admitted): to disk when big enough, saved whole
-        (a tail entry joined with its chain's prefix), else dropped."""
+    def _spill(self, entry: ParkedEntry, reason: str, protected: frozenset, can_rewind: bool,
+               source: str | None = None) -> None:
+        """An entry leaving the pool (or, ``source`` ``live``, not admitted): to disk when big
+        enough, saved whole (a tail entry joined with its chain's prefix), else dropped."""
         n = len(entry.held_ids)
         to_disk = self.sessions is not None and self.sessions.eligible(n)
-        log.info("evicted %d tok (%d bytes) from ram reason=%s -> %s", n - entry.base, entry.nbytes,
-                 reason, "disk" if to_disk else "dropped")
+        log.info("evicted %d tok (%d bytes) from %s reason=%s -> %s", n - entry.base, entry.nbytes,
+                 source or entry.tier, reason,
+                 "disk" if to_disk else "dropped")
         if to_disk:
             try:
                 whole = self.lineage.whole(self._gen, entry) if entry.is_tail or entry.on_device \

@@ -29,6 +29,7 @@ from redlite.core.reuse import common_prefix_length
 from redlite.engine.base import StateSnapshot
 
 LIVE = "live"
+POOL_TIERS = ("device", "ram")  # a pool entry's tier: its state in device memory, or in host RAM
 ID_BYTES_PER_TOKEN = 8  # held ids are accounted at 8 bytes per token
 ATTENTION_KNEE_TOKENS = 4096  # context at which attention costs as much as the rest (approx.)
 
@@ -60,7 +61,8 @@ class ParkedEntry:
     key: unique id. held_ids: the token ids the state holds (len == ``snapshot.n_past``).
     snapshot: the engine state in host memory (None for a disk entry not loaded yet).
     checkpoints: the conversation's checkpoints, ascending by position.
-    created/last_used: wall-clock times (s since the epoch). tier: ``"ram"`` or ``"disk"``.
+    created/last_used: wall-clock times (s since the epoch). tier: ``"device"`` or ``"ram"`` (in
+    the pool, by ``on_device``) or ``"disk"``.
     fill/verify: for an entry just read from disk (its tensors mapped, unverified):
     ``fill(engine) -> bool`` reads the file straight into the engine's memory and verifies it
     (True; raises when the file is refused) or, for an engine offering no targets, starts the
@@ -125,7 +127,7 @@ def usable_prefix(held_len: int, common: int, prompt_len: int, can_rewind: bool,
 @dataclass(frozen=True)
 class Candidate:
     """A state a request could start from. key: ``LIVE`` or a parked entry's key. usable: its
-    :func:`usable_prefix` for the prompt (tokens). tier: ``live``, ``ram`` or ``disk``.
+    :func:`usable_prefix` for the prompt (tokens). tier: ``live``, ``device``, ``ram`` or ``disk``.
     held_len: tokens the state holds. session: the state belongs to the request's session key.
     """
 
@@ -137,12 +139,12 @@ class Candidate:
     session: bool = False
 
 
-_TIER_ORDER = {"live": 0, "ram": 1, "disk": 2}
+_TIER_ORDER = {"live": 0, "device": 1, "ram": 2, "disk": 3}
 
 
 def choose_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
     """The candidate with the longest usable prefix; ties: the request's session's, then live,
-    then RAM, then disk, then the most recently used. None when no candidate has a usable
+    then device, then RAM, then disk, then the most recently used. None when no candidate has a usable
     prefix > 0."""
     usable = [c for c in candidates if c.usable > 0]
     if not usable:
@@ -307,8 +309,9 @@ class ParkingPool:
                              protected, self.device_budget_bytes)
 
     def add(self, entry: ParkedEntry) -> None:
-        """Store ``entry`` (the caller has applied :meth:`plan_admission`)."""
-        entry.tier = "ram"
+        """Store ``entry`` (the caller has applied :meth:`plan_admission`); its tier is
+        ``device`` or ``ram`` by where its state is."""
+        entry.tier = "device" if entry.on_device else "ram"
         self._entries[entry.key] = entry
         self._index.add(entry.key, entry.held_ids)
 
