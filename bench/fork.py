@@ -38,7 +38,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from redlite.core.byte_tokenizer import ByteTokenizer  # noqa: E402
-from redlite.core.conversations import Conversations, capture  # noqa: E402
+from redlite.core.conversations import Conversations  # noqa: E402
+from redlite.core.live_state import capture  # noqa: E402
 from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings  # noqa: E402
 from redlite.core.parking import ParkingPool  # noqa: E402
 from redlite.engine.base import SamplingParams  # noqa: E402

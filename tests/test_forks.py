@@ -9,7 +9,8 @@ import re
 import pytest
 
 from redlite.core.byte_tokenizer import END, ByteTokenizer
-from redlite.core.conversations import Conversations, reset
+from redlite.core.conversations import Conversations
+from redlite.core.live_state import reset
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
 from redlite.core.parking import LIVE, EntryStats, ParkingPool, plan_fit
 from redlite.core.sessions import SessionStore, expected_for

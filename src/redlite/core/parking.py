@@ -353,17 +353,18 @@ def candidates_from_index(index: PrefixIndex, entries: dict, prompt: Sequence[in
             break
         for key in group.keys:
             entry = entries[key]
-            common = common_prefix_length(entry.held_ids, prompt)
-            usable = tail_usable(entry, usable_prefix(len(entry.held_ids), common, len(prompt),
-                                                      can_rewind, entry.checkpoint_positions))
+            usable = entry_usable(entry, prompt, can_rewind)
             if usable > 0:
                 found.append(Candidate(key, usable, entry.tier, entry.last_used, len(entry.held_ids)))
                 best = max(best, usable)
     return found
 
 
-def tail_usable(entry: Any, usable: int) -> int:
-    """A tail entry is a candidate only past its base (below, its parent serves as well)."""
+def entry_usable(entry: Any, prompt: Sequence[int], can_rewind: bool) -> int:
+    """The :func:`usable_prefix` of a parked entry for ``prompt``; 0 for a tail entry at or
+    below its base (its parent serves as well there)."""
+    usable = usable_prefix(len(entry.held_ids), common_prefix_length(entry.held_ids, prompt),
+                           len(prompt), can_rewind, entry.checkpoint_positions)
     if getattr(entry, "parent", None) is not None and usable <= getattr(entry, "base", 0):
         return 0
     return usable
