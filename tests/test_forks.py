@@ -10,7 +10,7 @@ import pytest
 
 from redlite.core.byte_tokenizer import END, ByteTokenizer
 from redlite.core.conversations import Conversations
-from redlite.core.live_state import reset
+from redlite.core.live_state import capture, install, reset
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
 from redlite.core.parking import LIVE, EntryStats, ParkingPool, plan_fit
 from redlite.core.sessions import SessionStore, expected_for
@@ -283,3 +283,23 @@ def test_six_requests_hold_each_shared_prefix_once(can_rewind, caplog):
     # checkpoint to the fork)
     assert tails + len(gen.held_ids) == distinct_prefixes(branches) + twice
     assert twice == 2 if can_rewind else 0 < twice < tails / 2
+
+
+def test_installing_a_whole_state_first_releases_the_tails_on_the_live_one(caplog):
+    """``install`` (the slot API's restore, a disk entry) replaces the live state: a tail
+    parked on it takes its prefix first, so it still restores correctly afterwards."""
+    caplog.set_level(logging.INFO)
+    gen = make()
+    answer_a, _ = chat(gen, A)
+    a_held = len(gen.held_ids)
+    chat(gen, A2)
+    [tail] = gen.parking.pool.entries()
+    assert tail.parent == LIVE
+    other = make(parking=False)
+    chat(other, B)
+    assert install(gen, capture(other, "slot", 0.0))  # B's state replaces the live A2
+    assert gen.held_ids == other.held_ids
+    assert tail.parent is None and tail.base == 0 and "materialized" in caplog.text
+    third = follow(A, answer_a, "Next.")
+    answer, result = chat(gen, third)
+    assert result.cached_tokens == a_held and answer == cold_answer(True, third)
