@@ -128,8 +128,10 @@ def test_two_conversations_and_their_forks_hold_each_prefix_once(can_rewind):
         assert answer == cold_answer(can_rewind, nxt)
 
 
-@pytest.mark.parametrize("via", ["reset", "rewind-below"])
+@pytest.mark.parametrize("via", ["reset", "rewind-below", "install"])
 def test_live_cut_below_a_tail_makes_it_whole(via, caplog):
+    """Whatever cuts or replaces the live state first gives the tails parked on it their
+    prefix (``install``: the slot API's restore of a file, say)."""
     caplog.set_level(logging.INFO)
     gen = make()
     answer_a, _ = chat(gen, A)
@@ -138,6 +140,11 @@ def test_live_cut_below_a_tail_makes_it_whole(via, caplog):
     [entry] = gen.parking.pool.entries()
     if via == "reset":
         reset(gen)  # the slot API's erase
+        assert entry.parent is None and entry.base == 0
+    elif via == "install":
+        other = make(parking=False)
+        chat(other, B)
+        assert install(gen, capture(other, "slot", 0.0)) and gen.held_ids == other.held_ids
         assert entry.parent is None and entry.base == 0
     else:
         gen.parking.before_cut(gen, 3)  # as the generator does before rewinding to 3 tokens
@@ -284,22 +291,3 @@ def test_six_requests_hold_each_shared_prefix_once(can_rewind, caplog):
     assert tails + len(gen.held_ids) == distinct_prefixes(branches) + twice
     assert twice == 2 if can_rewind else 0 < twice < tails / 2
 
-
-def test_installing_a_whole_state_first_releases_the_tails_on_the_live_one(caplog):
-    """``install`` (the slot API's restore, a disk entry) replaces the live state: a tail
-    parked on it takes its prefix first, so it still restores correctly afterwards."""
-    caplog.set_level(logging.INFO)
-    gen = make()
-    answer_a, _ = chat(gen, A)
-    a_held = len(gen.held_ids)
-    chat(gen, A2)
-    [tail] = gen.parking.pool.entries()
-    assert tail.parent == LIVE
-    other = make(parking=False)
-    chat(other, B)
-    assert install(gen, capture(other, "slot", 0.0))  # B's state replaces the live A2
-    assert gen.held_ids == other.held_ids
-    assert tail.parent is None and tail.base == 0 and "materialized" in caplog.text
-    third = follow(A, answer_a, "Next.")
-    answer, result = chat(gen, third)
-    assert result.cached_tokens == a_held and answer == cold_answer(True, third)
