@@ -22,7 +22,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from redlite.core.forks import Lineage
+from redlite.core.forks import Lineage, trusted
 from redlite.core.live_state import capture, capture_tail
 from redlite.core.parking import (ID_BYTES_PER_TOKEN, LIVE, EntryStats, EvictionPlan, ParkedEntry,
                                   ParkingPool, plan_eviction)
@@ -122,7 +122,7 @@ class Parker:
 
     def park(self, entry: ParkedEntry, protected: frozenset, can_rewind: bool,
              started: float | None = None) -> None:
-        """Put ``entry`` into the RAM pool when its eviction plan admits it, spilling what it
+        """Put ``entry`` into the pool when its eviction plan admits it, spilling what it
         evicts to disk; otherwise straight to disk (when big enough). Entries it supersedes
         (it extends them; engines that can rewind) leave the pool only once it is admitted."""
         n = len(entry.held_ids)
@@ -140,12 +140,12 @@ class Parker:
         for key in plan.evict:
             self._spill(self.pool.pop(key), "value", protected, can_rewind)
         self.pool.add(entry)
-        if entry.parent == LIVE or entry.base == 0:  # it holds a copy of the live state
-            self.lineage.release_live(self._gen, entry.base, heir=entry) if self._gen else None
+        if self._gen is not None and (entry.parent == LIVE or entry.base == 0):
+            self.lineage.release_live(self._gen, entry.base, heir=entry)  # it copies the live state
         ms = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
         log.info("parked %d tok (%d bytes) in %.1f ms: tokens [%d, %d) tier=%s as %s (%s)%s; pool "
                  "%d entries, %d bytes host, %d bytes device", n - entry.base, entry.nbytes, ms,
-                 entry.base, n, "device" if entry.on_device else "ram", entry.key,
+                 entry.base, n, entry.tier, entry.key,
                  f"tail on the live prefix [0, {entry.base})" if entry.is_tail else "whole",
                  f" session={entry.session}" if entry.session else "", len(self.pool),
                  self.pool.host_nbytes, self.pool.device_nbytes)
@@ -157,12 +157,10 @@ class Parker:
         n = len(entry.held_ids)
         to_disk = self.sessions is not None and self.sessions.eligible(n)
         log.info("evicted %d tok (%d bytes) from %s reason=%s -> %s", n - entry.base, entry.nbytes,
-                 source or entry.tier, reason,
-                 "disk" if to_disk else "dropped")
+                 source or entry.tier, reason, "disk" if to_disk else "dropped")
         if to_disk:
             try:
-                whole = self.lineage.whole(self._gen, entry) if entry.is_tail or entry.on_device \
-                    else entry
+                whole = self.lineage.whole(self._gen, entry)
             except Exception as error:  # noqa: BLE001 - its prefix is gone: not saved
                 log.warning("save skipped %d tok reason=%s: %s", n, type(error).__name__, error)
                 return
@@ -173,15 +171,14 @@ class Parker:
     def save_all(self, gen: "Generator", live: bool = True, should_stop=None,
                  guard=contextlib.nullcontext) -> int:
         """Stop: write the live conversation (when ``live``: the engine is idle; and only when
-        consistent) and every RAM entry big enough to disk, newest first. ``should_stop()``
+        consistent) and every pool entry big enough to disk, newest first. ``should_stop()``
         (optional) is asked before each file: True ends the saving (a second signal); each
         file is written inside ``guard()`` (a context manager: the process does not end
         while a file is being written). Returns the files written or found identical."""
         if self.sessions is None:
             return 0
         entries: list[ParkedEntry] = []
-        consistent = not gen.failed and len(gen.held_ids) == gen.engine.n_past
-        if live and consistent and self.sessions.eligible(len(gen.held_ids)):
+        if live and trusted(gen) and self.sessions.eligible(len(gen.held_ids)):
             try:
                 entries.append(capture(gen, "live", self._clock()))
             except Exception as error:
