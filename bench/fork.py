@@ -11,8 +11,9 @@ run with parking on; the same requests on a generator without parking give the i
 suffix prefill + one token). Printed per size: tokens and bytes parked (tail) and their tier
 (``device`` on a GPU within ``--park-device-mib``'s default, else ``ram``) against the whole
 state's bytes and the time a whole capture takes (what parking cost before), the park time
-from the log line, TTFT with parking, the ideal, and the excess (TTFT - ideal; issue 16's
-target: <= 5 ms), medians of ``--repeat``. Then the old branch is continued (its tail restored:
+from the log line, the selection step's time (all that forking adds: candidates, parking,
+restoring), TTFT with parking, the ideal, and the excess (TTFT - ideal; issue 16's target:
+<= 5 ms), medians of ``--repeat``. Then the old branch is continued (its tail restored:
 time from the log line) and its greedy tokens compared with a cold engine's.
 
 Usage: PYTHONPATH=src .venv/bin/python bench/fork.py [--sizes 1024,4096,8192] [--repeat 3]
@@ -26,6 +27,7 @@ import argparse
 import datetime
 import json
 import logging
+import os
 import platform
 import re
 import statistics
@@ -92,8 +94,22 @@ def run(gen: Generator, ids: list[int], max_tokens: int):
     return list(gen.run(request))[-1]
 
 
-def fresh_parking() -> Conversations:
-    return Conversations(ParkingPool(8 << 30, 8, device_budget_bytes=4 << 30), None)
+class TimedConversations(Conversations):
+    """Conversations timing its selection step (candidates, parking the live tail, restoring):
+    what forking adds to a request, wall ms per call in ``select_ms``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.select_ms: list[float] = []
+
+    def select(self, *args, **kwargs) -> None:
+        started = time.perf_counter()
+        super().select(*args, **kwargs)
+        self.select_ms.append((time.perf_counter() - started) * 1000.0)
+
+
+def fresh_parking() -> TimedConversations:
+    return TimedConversations(ParkingPool(8 << 30, 8, device_budget_bytes=4 << 30), None)
 
 
 def sync(device: str) -> None:
@@ -113,7 +129,7 @@ def measure(model, device: str, held: int, suffix: int, answer: int, repeat: int
     fork = prompt[:-suffix] + [(t + 1) % (vocab - 10) for t in prompt[-suffix:]]
     out: dict = {"held": held, "suffix": suffix}
     for name, second in (("regenerate", prompt), ("fork", fork)):
-        ttft, ttft_ideal, parks, whole_ms = [], [], [], []
+        ttft, ttft_ideal, parks, whole_ms, select_ms = [], [], [], [], []
         for _ in range(repeat):
             parked.parking = None
             for gen in (parked, ideal):
@@ -129,11 +145,13 @@ def measure(model, device: str, held: int, suffix: int, answer: int, repeat: int
             handler.parks.clear()
             ttft.append(run(parked, second, 1).ttft_ms)
             parks.append(handler.parks[-1])
+            select_ms.append(parked.parking.select_ms[-1])
             ttft_ideal.append(run(ideal, second, 1).ttft_ms)
         tokens, nbytes, _, tier = parks[-1]
         out[name] = {"tail_tokens": tokens, "tail_bytes": nbytes, "tier": tier,
                      "whole_bytes": whole_bytes, "whole_capture_ms": statistics.median(whole_ms),
                      "park_ms": statistics.median(p[2] for p in parks),
+                     "select_ms": statistics.median(select_ms),
                      "ttft_ms": statistics.median(ttft), "ideal_ms": statistics.median(ttft_ideal)}
         out[name]["excess_ms"] = out[name]["ttft_ms"] - out[name]["ideal_ms"]
     # the old branch back: restored from its tail, greedy tokens as a cold engine's
@@ -170,16 +188,23 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     model = build(args.shape, args.device, max(sizes) + 128)
     vocab = SHAPES[args.shape][5]
+    load = [os.getloadavg()[0]]
     rows = [measure(model, args.device, n, args.suffix, args.answer, args.repeat, vocab) for n in sizes]
+    load.append(os.getloadavg()[0])
+    cores = os.cpu_count()
     lines = [f"# fork cost, {args.shape} llama shape on {args.device} ({datetime.date.today()}, "
              f"{args.machine})", "", f"`{command}`", "",
+             f"Load average {load[0]:.1f} at the start, {load[1]:.1f} at the end ({cores} cores): "
+             "on a loaded CPU the TTFTs are noisy; park ms is the parking itself, select ms all that "
+             "forking adds to the request (candidates, parking, restoring).", "",
              "| held | request | tail tok | tail bytes | tier | whole bytes | whole capture ms | park ms "
-             "| TTFT ms | ideal ms | excess ms | <= 5 ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| select ms | TTFT ms | ideal ms | excess ms | <= 5 ms |", "|---" * 13 + "|"]
     for row in rows:
         for name in ("regenerate", "fork"):
             r = row[name]
             lines.append(f"| {row['held']} | {name} | {r['tail_tokens']} | {r['tail_bytes']} | {r['tier']} "
                          f"| {r['whole_bytes']} | {r['whole_capture_ms']:.1f} | {r['park_ms']:.1f} "
+                         f"| {r['select_ms']:.1f} "
                          f"| {r['ttft_ms']:.1f} | {r['ideal_ms']:.1f} | {r['excess_ms']:.1f} "
                          f"| {'yes' if r['excess_ms'] <= 5.0 else 'no'} |")
     lines.append("")
@@ -196,6 +221,7 @@ def main() -> int:
         stem.with_suffix(".md").write_text(text + "\n")
         stem.with_suffix(".json").write_text(json.dumps(
             {"command": command, "date": str(datetime.date.today()), "machine": args.machine,
+             "load_average": load, "cores": cores,
              "shape": args.shape, "device": args.device, "rows": rows}, indent=1) + "\n")
     return 0
 
