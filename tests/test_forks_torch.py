@@ -98,14 +98,20 @@ def run(gen, ids, max_tokens=10):
     return result
 
 
+def generator(model, parking=True):
+    gen = Generator(engine_for(model), tok, GeneratorSettings(checkpoint_interval=8))
+    if parking:
+        gen.parking = Conversations(ParkingPool(64 << 20, 8), None)
+    return gen
+
+
 def cold(model, ids):
-    return run(Generator(engine_for(model), tok, GeneratorSettings(checkpoint_interval=8)), ids).answer_ids
+    return run(generator(model, parking=False), ids).answer_ids
 
 
 def test_fork_parks_the_tail_and_restores_like_cold(model, caplog):
     caplog.set_level(logging.INFO)
-    gen = Generator(engine_for(model), tok, GeneratorSettings(checkpoint_interval=8))
-    gen.parking = Conversations(ParkingPool(64 << 20, 8), None)
+    gen = generator(model)
     engine = gen.engine
     a = [(i * 5 + 1) % 250 for i in range(50)]
     b = [(i * 11 + 2) % 250 for i in range(45)]
@@ -131,8 +137,7 @@ def test_six_requests_park_tails_only(model, caplog):
     """The issue's scenario (two conversations, each answered, regenerated, then a second turn
     on a re-rendered answer): the pool holds the tails' bytes, not copies of shared prefixes."""
     caplog.set_level(logging.INFO)
-    gen = Generator(engine_for(model), tok, GeneratorSettings(checkpoint_interval=8))
-    gen.parking = Conversations(ParkingPool(64 << 20, 8), None)
+    gen = generator(model)
     engine = gen.engine
     shared = [(i * 13 + 5) % 250 for i in range(20)]  # a system prompt
     parks, twice = [], 0  # per switch (held, kept); tokens a switch prefills again
