@@ -291,3 +291,19 @@ def test_six_requests_hold_each_shared_prefix_once(can_rewind, caplog):
     assert tails + len(gen.held_ids) == distinct_prefixes(branches) + twice
     assert twice == 2 if can_rewind else 0 < twice < tails / 2
 
+
+
+def test_a_fork_hashes_the_prompt_and_the_held_ids_once(monkeypatch):
+    """The prefix index's block hashes (about 1 ms per 32k tokens) are computed once for the
+    prompt's lookup and once for the parked tail's held ids (superseded check, index)."""
+    from redlite.core import prefix_index
+
+    gen = make()
+    chat(gen, A)
+    calls = []
+    real = prefix_index.block_hashes
+    monkeypatch.setattr(prefix_index, "block_hashes",
+                        lambda ids, *args: calls.append(len(ids)) or real(ids, *args))
+    chat(gen, A2)
+    [entry] = gen.parking.pool.entries()
+    assert sorted(calls) == sorted([len(tok.render_chat(A2).token_ids), len(entry.held_ids)])

@@ -78,7 +78,9 @@ class Parker:
         parent = LIVE if keep else None
         stats = EntryStats("live", estimate, n, self._clock(), keep, parent, on_device)
         to_disk = self.sessions is not None and self.sessions.eligible(n)
-        if not to_disk and not self._would_admit(stats, gen.held_ids, protected, engine.can_rewind):
+        hashes = pool.hashes(gen.held_ids) if pool is not None else None
+        if not to_disk and not self._would_admit(stats, gen.held_ids, protected, engine.can_rewind,
+                                                 hashes):
             log.info("evicted %d tok (%d bytes) from live reason=no-room -> dropped (not copied)",
                      n - keep, estimate)
             return
@@ -98,13 +100,14 @@ class Parker:
         except Exception as error:
             log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
             return
-        self.park(entry, protected, engine.can_rewind, started)
+        self.park(entry, protected, engine.can_rewind, started, hashes)
 
-    def _superseded(self, held_ids: list[int], protected: frozenset, can_rewind: bool) -> list:
+    def _superseded(self, held_ids: list[int], protected: frozenset, can_rewind: bool,
+                    hashes: list[bytes] | None) -> list:
         """Pool entries a conversation holding ``held_ids`` makes redundant (it extends them)."""
         if self.pool is None or not can_rewind:
             return []
-        return [key for key in self.pool.prefixes_of(held_ids) if key not in protected]
+        return [key for key in self.pool.prefixes_of(held_ids, hashes) if key not in protected]
 
     def _admission(self, stats: EntryStats, superseded: list, protected: frozenset) -> EvictionPlan:
         """The pool's eviction plan for an entry, counting the superseded entries as gone."""
@@ -114,22 +117,24 @@ class Parker:
                              self.pool.device_budget_bytes)
 
     def _would_admit(self, stats: EntryStats, held_ids: list[int], protected: frozenset,
-                     can_rewind: bool) -> bool:
+                     can_rewind: bool, hashes: list[bytes] | None) -> bool:
         if self.pool is None:
             return False
-        superseded = self._superseded(held_ids, protected, can_rewind)
+        superseded = self._superseded(held_ids, protected, can_rewind, hashes)
         return self._admission(stats, superseded, protected).admit
 
     def park(self, entry: ParkedEntry, protected: frozenset, can_rewind: bool,
-             started: float | None = None) -> None:
+             started: float | None = None, hashes: list[bytes] | None = None) -> None:
         """Put ``entry`` into the pool when its eviction plan admits it, spilling what it
         evicts to disk; otherwise straight to disk (when big enough). Entries it supersedes
-        (it extends them; engines that can rewind) leave the pool only once it is admitted."""
+        (it extends them; engines that can rewind) leave the pool only once it is admitted.
+        hashes: the pool's hashes of its held ids (computed here when not given)."""
         n = len(entry.held_ids)
         if self.pool is None:
             self._spill(entry, "no-ram-pool", protected, can_rewind, source="live")
             return
-        superseded = self._superseded(entry.held_ids, protected, can_rewind)
+        hashes = self.pool.hashes(entry.held_ids) if hashes is None else hashes
+        superseded = self._superseded(entry.held_ids, protected, can_rewind, hashes)
         plan = self._admission(self.pool.stats(entry), superseded, protected)
         if not plan.admit:
             self._spill(entry, "no-room", protected, can_rewind, source="live")
@@ -139,7 +144,7 @@ class Parker:
             log.info("evicted %d tok from %s reason=superseded", len(old.held_ids), old.tier)
         for key in plan.evict:
             self._spill(self.pool.pop(key), "value", protected, can_rewind)
-        self.pool.add(entry)
+        self.pool.add(entry, hashes)
         if self._gen is not None and (entry.parent == LIVE or entry.base == 0):
             self.lineage.release_live(self._gen, entry.base, heir=entry)  # it copies the live state
         ms = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0

@@ -308,12 +308,16 @@ class ParkingPool:
         return plan_eviction(current, self.stats(entry), self.budget_bytes, self.max_entries,
                              protected, self.device_budget_bytes)
 
-    def add(self, entry: ParkedEntry) -> None:
+    def hashes(self, ids: Sequence[int]) -> list[bytes]:
+        """The index's hashes of ``ids``, computed once for :meth:`prefixes_of` and :meth:`add`."""
+        return self._index.hashes(ids)
+
+    def add(self, entry: ParkedEntry, hashes: list[bytes] | None = None) -> None:
         """Store ``entry`` (the caller has applied :meth:`plan_admission`); its tier is
-        ``device`` or ``ram`` by where its state is."""
+        ``device`` or ``ram`` by where its state is. hashes: :meth:`hashes` of its held ids."""
         entry.tier = "device" if entry.on_device else "ram"
         self._entries[entry.key] = entry
-        self._index.add(entry.key, entry.held_ids)
+        self._index.add(entry.key, entry.held_ids, hashes)
 
     def get(self, key: Hashable) -> ParkedEntry:
         """The entry (it stays in the pool). Raises KeyError when absent."""
@@ -325,12 +329,12 @@ class ParkingPool:
         self._index.remove(key)
         return entry
 
-    def prefixes_of(self, ids: Sequence[int]) -> list[Hashable]:
+    def prefixes_of(self, ids: Sequence[int], hashes: list[bytes] | None = None) -> list[Hashable]:
         """Keys of entries whose held ids are a prefix of ``ids`` (superseded by them), leaves
-        only (an entry others depend on stays)."""
+        only (an entry others depend on stays). hashes: :meth:`hashes` of ``ids``."""
         parents = {e.parent for e in self._entries.values()}
         out = []
-        for group in self._index.lookup(ids):
+        for group in self._index.lookup(ids, hashes):
             for key in group.keys:
                 if key in parents:
                     continue
