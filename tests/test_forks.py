@@ -276,7 +276,7 @@ def test_six_requests_hold_each_shared_prefix_once(can_rewind, caplog):
     assert sorted((len(e.held_ids), e.base) for e in entries) == sorted(parks)
     for held, keep in parks:
         assert f"parked {held - keep} tok" in caplog.text
-        assert re.search(rf"tokens \[{keep}, {held}\) tier=ram as ram-\d+ \(tail on the live "
+        assert re.search(rf"tokens \[{keep}, {held}\) tier=ram as parked-\d+ \(tail on the live "
                          rf"prefix \[0, {keep}\)\)", caplog.text)
     tails = sum(len(e.held_ids) - e.base for e in entries)
     # bytes: the state of the tails only (echo: 8 bytes a token), checkpoints past each base, ids

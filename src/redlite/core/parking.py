@@ -292,7 +292,7 @@ class ParkingPool:
         return list(self._entries.values())
 
     def new_key(self) -> str:
-        return f"ram-{next(self._ids)}"
+        return f"parked-{next(self._ids)}"
 
     def stats(self, entry: ParkedEntry) -> EntryStats:
         return EntryStats(entry.key, entry.nbytes, len(entry.held_ids), entry.last_used,
