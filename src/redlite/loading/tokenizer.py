@@ -19,6 +19,7 @@ import numpy as np
 from redlite.core.tokenizer import PromptTooLong, RenderedPrompt
 from redlite.loading.message_bounds import message_boundaries
 from redlite.loading.segment_encoder import SegmentEncoder
+from redlite.loading.template_probe import turn_markup_tokens
 
 logger = logging.getLogger("redlite.loading")
 
@@ -147,6 +148,7 @@ class HFTokenizer:
         # tokenizes through encode_batch (no GIL held, unlike encode) in cached pieces
         self._segments = SegmentEncoder(backend)
         self.prompt_limit: int | None = None
+        self._turn_tokens: tuple[str | None, int] | None = None
 
     @property
     def chat_template_source(self) -> str | None:
@@ -156,6 +158,21 @@ class HFTokenizer:
         if isinstance(template, dict):
             return "\n".join(str(t) for t in template.values())
         return template if isinstance(template, str) else None
+
+    @property
+    def turn_tokens(self) -> int:
+        """A lower bound on the special tokens the chat template writes per user -> assistant
+        turn (:func:`redlite.loading.template_probe.turn_markup_tokens`; probed once per
+        template), 0 when unknown."""
+        source = self.chat_template_source
+        if self._turn_tokens is None or self._turn_tokens[0] != source:
+            count = 0
+            if source is not None and self._segments.cuts:
+                count = turn_markup_tokens(
+                    lambda messages: self._render(messages, add_generation_prompt=True),
+                    lambda text: self._segments.min_tokens(text, None))
+            self._turn_tokens = (source, count)
+        return self._turn_tokens[1]
 
     @property
     def transformers_tokenizer(self) -> Any:
