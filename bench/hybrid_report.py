@@ -100,7 +100,7 @@ def model_sizes(model) -> dict:
         if getattr(layer, "moe", False):
             per_expert = (mlp.gate_up_weight[0].numel() + mlp.down_weight[0].numel())
             read -= (mlp.num_experts - mlp.top_k) * per_expert * esize
-            matmul += (mlp.top_k * per_expert + mlp.router_weight.numel() + mlp.shared_gate_weight.numel()
+            matmul += (mlp.top_k * per_expert + mlp.gates_weight.numel()
                        + mlp.shared.gate_up_weight.numel() + mlp.shared.down_weight.numel())
         else:
             matmul += mlp.gate_up_weight.numel() + mlp.down_weight.numel()
