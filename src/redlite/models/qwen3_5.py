@@ -303,8 +303,10 @@ class Qwen3_5Model(CausalLM):
         Per Gated DeltaNet layer: ``norm_linear`` (input norm + in_proj), ``gdn_step``
         (conv, delta rule, gated norm), ``linear_residual`` (out_proj + residual); per full
         attention layer ``norm_linear`` (qkv), ``gated_rope_attend``, ``linear_residual``;
-        then the MLP as in the Llama family, all norms zero-centred. Returns float32 logits
-        [1, vocab] (the same as :meth:`forward` up to rounding).
+        then the MLP as in the Llama family (``moe`` for a mixture-of-experts MLP: router with
+        its input norm, the chosen experts and the gated shared expert), all norms
+        zero-centred. Returns float32 logits [1, vocab] (the same as :meth:`forward` up to
+        rounding).
         """
         x = F.embedding(token, self.embed_weight)  # the residual stream, updated in place
         cos, sin = self.rotary.get(0, state.max_tokens, x.device, x.dtype)
@@ -324,8 +326,8 @@ class Qwen3_5Model(CausalLM):
                                             attn.head_dim, span)
                 ops.linear_residual(out, attn.o_weight, attn.o_bias, x)
             post, mlp = layer.post_attention_layernorm, layer.mlp
-            if layer.moe:  # the gathered path: chosen experts by device-tensor ids
-                x.add_(mlp(post(x)))
+            if layer.moe:
+                ops.moe(x, post.weight, post.eps, mlp, zero_centered=True)
                 continue
             act = ops.norm_gate_up(x, post.weight, post.eps, mlp.gate_up_weight, mlp.gate_up_bias, mlp.inter,
                                    zero_centered=True)
