@@ -37,6 +37,9 @@ SHAPES = {
              "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
              "tie_word_embeddings": False},
 }
+SHAPES["tiny-moe"] = {**SHAPES["tiny"], "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+                      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                      "shared_expert_intermediate_size": 64}
 
 NOTES = [
     "Random weights (transformers' initialisation) in the Qwen3.5 shape named; redlite loads the "
@@ -145,9 +148,12 @@ def markdown(R: dict) -> str:
         lines += [f"checkpoint: {k['bytes'] / 2 ** 20:.1f} MiB on {k['device']}, take {k['take_ms']:.3f} ms, "
                   f"restore {k['restore_ms']:.3f} ms", ""]
     if R.get("prefill"):
-        lines += ["| prefill tokens | tok/s | ms | TFLOP/s | % of matmul peak | fla |", "|---:|---:|---:|---:|---:|---|"]
-        lines += [f"| {r['tokens']} | {r['tok_s']:.0f} | {r['seconds'] * 1e3:.1f} | {r['tflops']:.1f} "
-                  f"| {_fmt(r['pct_of_matmul_peak'])}% | {r['fla']} |" for r in R["prefill"]] + [""]
+        lines += ["| prefill engine | tokens | tok/s | ms | TFLOP/s | % of matmul peak | fla |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        lines += [f"| {r.get('engine', 'redlite')} | {r['tokens']} | {r['tok_s']:.0f} | {r['seconds'] * 1e3:.1f} "
+                  f"| {_fmt(r['tflops'])} | {_fmt(r['pct_of_matmul_peak'])}% | {r['fla']} |" for r in R["prefill"]]
+        lines += [f"\nredlite prefill / transformers prefill at {n}: {x:.2f}x"
+                  for n, x in (R.get("prefill_vs_transformers") or {}).items()] + [""]
     if R.get("fork"):
         lines += ["| fork: held, forked before end | reuse ms | no reuse ms | no reuse / reuse |", "|---|---:|---:|---:|"]
         lines += [f"| {r['context']}, {r['fork_before_end']} | {r['reuse_ms']:.1f} | {r['no_reuse_ms']:.1f} "
