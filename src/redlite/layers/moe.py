@@ -88,11 +88,16 @@ class SparseMoE(nn.Module):
         }
 
     def hf_per_expert_targets(self) -> dict[str, tuple[str, torch.Tensor]]:
-        """The per-expert layout of published checkpoints (``experts.{e}.gate_proj.weight``
-        [I, H], ``up_proj`` [I, H], ``down_proj`` [H, I]): name -> (the fused name it fills,
-        the view of that fused parameter)."""
-        out: dict[str, tuple[str, torch.Tensor]] = {}
+        """Other layouts of the routed experts: name -> (the fused name it fills, the view of
+        that fused parameter). The per-expert layout of published checkpoints
+        (``experts.{e}.gate_proj.weight`` [I, H], ``up_proj`` [I, H], ``down_proj`` [H, I])
+        and the stacked gate and up halves (``experts.gate_proj`` / ``experts.up_proj``
+        [E, I, H], as GGUF files keep them)."""
         i = self.inter
+        out: dict[str, tuple[str, torch.Tensor]] = {
+            "experts.gate_proj": ("experts.gate_up_proj", self.gate_up_weight[:, :i]),
+            "experts.up_proj": ("experts.gate_up_proj", self.gate_up_weight[:, i:]),
+        }
         for e in range(self.num_experts):
             out[f"experts.{e}.gate_proj.weight"] = ("experts.gate_up_proj", self.gate_up_weight[e, :i])
             out[f"experts.{e}.up_proj.weight"] = ("experts.gate_up_proj", self.gate_up_weight[e, i:])
