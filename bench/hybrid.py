@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import gpu  # noqa: E402  (ceilings, timing, the shared results dict)
 from gpu_hf import StubTokenizer, first_token_s, sync, transformers_side_by_side  # noqa: E402
-from hybrid_moe import build_sharing_experts, hf_prefill_speed  # noqa: E402
+from hybrid_moe import build_sharing_experts, hf_prefill_speed, moe_step_tune  # noqa: E402
 from hybrid_report import SHAPES, build_hf, markdown, meta, model_sizes  # noqa: E402
 
 R = gpu.R
@@ -276,6 +276,8 @@ def main() -> None:
     if "hf" in skip:
         del hf
         hf = None
+    if cuda and SHAPES[shape].get("num_experts"):
+        section("moe step tune", moe_step_tune, R, model, device)
     sizes = R["meta"]["sizes"] = model_sizes(model)
     contexts = ([1024, 8192] if "num_experts" in SHAPES[shape] else [1024, 8192, 32768]) if cuda else [256, 1024]
     fork_ctx = 32768 if cuda else 1024

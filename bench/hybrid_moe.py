@@ -66,3 +66,15 @@ def hf_prefill_speed(R: dict, hf, engine, lengths, device, reps: int = 2) -> Non
             R.setdefault("prefill_vs_transformers", {})[str(length)] = ours["tok_s"] / row["tok_s"]
         say(f"transformers prefill {length:>6}: {row['tok_s']:10.0f} tok/s  {best * 1e3:9.1f} ms"
             + (f"  (redlite {ours['tok_s'] / row['tok_s']:.2f}x)" if ours else ""))
+
+
+def moe_step_tune(R: dict, model, device: torch.device, n_layers: int = 8) -> None:
+    """bench/moe_tune.py's sweep over the model's first ``n_layers`` MoE blocks (distinct
+    weights, random inputs); the fastest settings become the defaults before any graph is
+    captured. Rows into ``R["moe_tune"]``."""
+    import moe_tune
+
+    hidden = model.embed_weight.shape[1]
+    layers = [(layer.mlp, torch.randn(1, hidden, device=device, dtype=model.embed_weight.dtype),
+               layer.post_attention_layernorm.weight) for layer in model.layers[:n_layers] if layer.moe]
+    R["moe_tune"] = moe_tune.sweep(layers, device, R["ceilings"].get("copy_bw_Bps"), say, apply=True)

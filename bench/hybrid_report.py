@@ -53,6 +53,11 @@ NOTES = [
     "Prefill FLOPs = 2 x layer matmul parameters per token + 2 x lm_head parameters + causal attention "
     "4 x heads x head_dim x P(P+1)/2 per full-attention layer + the chunked delta rule "
     "(6 Dk Dv + 4 C Dk + 2 C Dv per token and value head, C = 64).",
+    "Mixture-of-experts shape (35b-a3b): redlite's model uses transformers' own expert tensors (one "
+    "70 GB copy on the device); a decode token reads the router, the shared expert and the "
+    "num_experts_per_tok chosen experts of every layer, and the bound counts exactly those bytes. The MoE "
+    "step settings are swept on the model's first 8 layers before the decode graph is captured (table "
+    "above); transformers' prefill is one forward over the same prompt (no cache, last logits only).",
     "Fork: turn 1 is a random prompt with a message boundary 64 tokens before its end + 8 generated "
     "tokens (checkpoints every 8192 tokens, at the boundary and at the end); turn 2 keeps the prompt up "
     "to the boundary and adds 64 new tokens. Reuse: best of 3; no reuse: once.",
@@ -143,6 +148,10 @@ def markdown(R: dict) -> str:
     if R.get("decode_split"):
         lines += ["| decode step variant | context | ms |", "|---|---:|---:|"]
         lines += [f"| {r['variant']} | {r['context']} | {r['ms']:.3f} |" for r in R["decode_split"]] + [""]
+    if R.get("moe_tune"):
+        lines += ["| MoE decode step (one layer) | µs | GB/s | % of copy bandwidth |", "|---|---:|---:|---:|"]
+        lines += [f"| {r['variant']} | {r['us_per_layer']:.2f} | {r['GBps']:.0f} | {_fmt(r['pct_of_copy_bw'])}% |"
+                  for r in R["moe_tune"]] + [""]
     if R.get("checkpoint"):
         k = R["checkpoint"]
         lines += [f"checkpoint: {k['bytes'] / 2 ** 20:.1f} MiB on {k['device']}, take {k['take_ms']:.3f} ms, "
