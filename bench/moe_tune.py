@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu  # noqa: E402
 from hybrid_report import SHAPES  # noqa: E402
 
-GATE_UP = [(2, 4), (4, 4), (8, 4), (8, 8), (16, 8)]
-DOWN = [(2, 4), (4, 4), (8, 4), (8, 8)]
+GATE_UP = [(4, 4), (8, 4), (16, 8)]
+DOWN = [(4, 4), (8, 4)]
 
 
 def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> list[dict]:
