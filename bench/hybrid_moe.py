@@ -11,13 +11,25 @@ from torch import nn
 
 from gpu_hf import say, sync
 
+#: Factor on the random router weights (see :func:`build_sharing_experts`).
+ROUTER_SPREAD = 8.0
+
 
 def build_sharing_experts(config: dict, hf, device: torch.device, dtype: torch.dtype):
     """A ``Qwen3_5Model`` of ``config`` whose routed-expert weights are ``hf``'s own tensors
     (``mlp.experts.gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I], the layout both
     keep), every other weight allocated on ``device`` and copied from ``hf``. The values are
-    the same as a plain ``load_hf_weights``; only the expert memory is not doubled."""
+    the same as a plain ``load_hf_weights``; only the expert memory is not doubled.
+
+    ``hf``'s router weights are first scaled by ``ROUTER_SPREAD`` in place (both engines use
+    the scaled ones): transformers' random initialisation leaves the top-k of the router
+    nearly tied, so bf16 rounding differences between paths would swap experts and the
+    checks would compare different expert choices."""
     from redlite.models.qwen3_5 import Qwen3_5Model
+
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.mlp.gate.weight.mul_(ROUTER_SPREAD)
 
     model = Qwen3_5Model(config, device="meta", dtype=dtype)
     hf_params = dict(hf.named_parameters())
