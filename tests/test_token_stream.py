@@ -10,7 +10,7 @@ import torch
 
 from redlite.core.byte_tokenizer import VOCAB_SIZE, ByteTokenizer
 from redlite.core.chat import OutputEvent
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator
+from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
 from redlite.engine.base import SamplingParams
 from redlite.engine.device_sampling import GREEDY, SAMPLE, DeviceSampling, mode_of, sample_into
 from redlite.engine.echo import EchoEngine
@@ -221,3 +221,72 @@ def test_device_sampler_filters_and_distribution():
     freq = draws(SamplingParams(min_p=0.3, seed=4))  # keeps p >= 0.3 p_max: ids 11 and 0
     assert set(freq.nonzero().flatten().tolist()) == {0, 11}
 
+
+
+# --- on a GPU: graphs, warm-up ------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_warmup_captures_every_graph_and_stream_matches_host():
+    from redlite.engine.warmup import warm_up
+
+    model = tiny_llama().to("cuda")
+    engine = TorchEngine(model, ctx_size=4096, device="cuda")
+    report = warm_up(engine, tok, prefill_chunk=512)
+    decoder = engine.graph_decoder()
+    assert report.graphs == decoder.n_graphs == 3 * len(decoder.spans) and engine.n_past == 0
+    gen = Generator(engine, tok, GeneratorSettings())
+    prompt = chat("hello gpu")
+    streamed = run(gen, prompt, max_tokens=48, sampling=SamplingParams(temperature=0))[1]
+    assert decoder.n_graphs == report.graphs  # the request captured nothing
+    engine.reset()
+    gen = Generator(engine, tok)
+    host = run(gen, prompt, max_tokens=48, sampling=SamplingParams(temperature=0, logprobs=0))[1]
+    assert streamed.answer_ids == host.answer_ids and len(host.answer_ids) == 48
+    outs = []
+    for seed in (3, 3):
+        engine.reset()
+        outs.append(run(Generator(engine, tok), prompt, max_tokens=32, sampling=SamplingParams(seed=seed))[1].answer_ids)
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_stop_undo_keeps_state_consistent():
+    model = tiny_llama(seed=2).to("cuda")
+    engine = TorchEngine(model, ctx_size=512, device="cuda")
+    eager = TorchEngine(model, ctx_size=512, device="cuda", cuda_graphs=False)
+    prompt = chat("stop here")
+    answer = run(Generator(engine, tok), prompt, max_tokens=12, sampling=SamplingParams(temperature=0))[1].answer_ids
+    engine.reset()
+    gen = Generator(engine, _Tok(answer[5]))
+    result = run(gen, prompt, max_tokens=40, sampling=SamplingParams(temperature=0))[1]
+    assert result.finish_reason == "stop" and engine.n_past == len(gen.held_ids)
+    torch.testing.assert_close(engine.prefill([1, 2]), eager.prefill(gen.held_ids + [1, 2]), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_hybrid_undo_and_warmup():
+    from test_hybrid_decode import make_model
+
+    from redlite.engine.warmup import warm_up
+
+    model = make_model(device="cuda")
+    engine = TorchEngine(model, ctx_size=256, device="cuda")
+    eager = TorchEngine(model, ctx_size=256, device="cuda", cuda_graphs=False)
+    assert warm_up(engine).graphs >= 3
+    prompt = [3, 9, 27, 4, 8, 15, 16, 23, 42]
+    stream = engine.token_stream(SamplingParams(temperature=0), engine.prefill(prompt))
+    held = list(prompt)
+    for _ in range(5):
+        stream.feed()
+        held.append(stream.read())
+    stream.feed()
+    stream.read()
+    stream.undo()
+    assert engine.n_past == len(held)
+    torch.testing.assert_close(engine.prefill([5, 6]), eager.prefill(held + [5, 6]), rtol=2e-3, atol=2e-3)
