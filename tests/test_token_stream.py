@@ -168,6 +168,36 @@ def test_tiny_llama_same_seed_same_output():
     assert outs[0] == outs[1] and outs[0] != outs[2]
 
 
+def test_sampling_mode_that_cannot_be_captured_falls_back_to_eager_sampling(monkeypatch):
+    from redlite.engine import cuda_graphs
+
+    class FakeGraph:  # "replays" the logits step eagerly into its output buffer
+        def __init__(self, decoder, span, out):
+            self.decoder, self.span, self.out = decoder, span, out
+
+        def replay(self):
+            self.out.copy_(self.decoder._body(self.span, cuda_graphs.LOGITS))
+
+    def capture(self, span, mode):
+        if mode != cuda_graphs.LOGITS:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        graph = FakeGraph(self, span, torch.zeros(1, self.model.vocab_size))
+        self._graphs[(span, mode)] = (graph, graph.out)
+        return graph, graph.out
+
+    model = tiny_llama(seed=3)
+    params = SamplingParams(seed=11, top_p=0.8)
+    plain = TorchEngine(model, ctx_size=256, cuda_graphs=True)  # the eager static step
+    want = run(Generator(plain, tok), chat("x"), max_tokens=12, sampling=params)[1].answer_ids
+    engine = TorchEngine(model, ctx_size=256, cuda_graphs=True)
+    decoder = engine.graph_decoder()
+    decoder.use_graphs = True
+    monkeypatch.setattr(cuda_graphs.GraphDecoder, "_capture", capture)
+    assert decoder.capture_all() == 1 and decoder._eager_sampling == {"greedy", "sample"}
+    got = run(Generator(engine, tok), chat("x"), max_tokens=12, sampling=params)[1].answer_ids
+    assert got == want
+
+
 # --- a tiny Qwen3.5 hybrid: undo restores the recurrent part -----------------------------------
 
 def test_tiny_hybrid_undo_restores_recurrent_state():

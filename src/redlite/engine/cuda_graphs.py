@@ -30,6 +30,7 @@ step runs eagerly (for tests).
 from __future__ import annotations
 
 import bisect
+import logging
 
 import torch
 
@@ -38,6 +39,8 @@ from redlite.layers.decode_ops import TorchDecodeOps, decode_ops
 
 LOGITS = "logits"  # the graph mode whose step returns logits (the host samples)
 MODES = (LOGITS, GREEDY, SAMPLE)
+
+log = logging.getLogger("redlite.cuda_graphs")
 
 
 def bucket_spans(max_tokens: int, first: int = 1024) -> list[int]:
@@ -94,6 +97,7 @@ class GraphDecoder:
         self._tables = model.rotary.get(0, max_tokens, self.device, self.dtype)
         self._graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
+        self._eager_sampling: set[str] = set()  # sampling modes whose capture failed
 
     @property
     def n_graphs(self) -> int:
@@ -139,8 +143,8 @@ class GraphDecoder:
         self.pos.fill_(int(self.state.n_past))
         for span in self.spans:
             for mode in modes:
-                if (span, mode) not in self._graphs:
-                    self._capture(span, mode)
+                if (span, mode) not in self._graphs and mode not in self._eager_sampling:
+                    self._capture_or_fall_back(span, mode)
         return len(self._graphs) - before
 
     def _run(self, position: int, mode: str):
@@ -150,11 +154,40 @@ class GraphDecoder:
         self.pos.fill_(int(position))
         if not self.use_graphs:
             return self._body(span, mode)
+        if mode not in self._eager_sampling:
+            out = self._replay(span, mode)
+            if out is not None:
+                return out
+        # a sampling mode that cannot be captured: the logits graph, then sample eagerly
+        if self._backup is not None:
+            self.state.save_recurrent(self._backup)
+        logits = self._replay(span, LOGITS)
+        sample_into(logits, self.token, mode, self.sampling)
+        return logits
+
+    def _replay(self, span: int, mode: str) -> torch.Tensor | None:
+        """Replay ``(span, mode)``'s graph (captured first if needed); None when the mode
+        just failed to capture."""
         entry = self._graphs.get((span, mode))
         if entry is None:
-            entry = self._capture(span, mode)
+            entry = self._capture_or_fall_back(span, mode)
+            if entry is None:
+                return None
         entry[0].replay()
         return entry[1]
+
+    def _capture_or_fall_back(self, span: int, mode: str):
+        """Capture ``(span, mode)``; when a sampling mode cannot be captured (a kernel that
+        refuses capture), log it and from then on sample that mode eagerly after the logits
+        graph (returns None). Logits-mode failures raise."""
+        try:
+            return self._capture(span, mode)
+        except Exception:
+            if mode == LOGITS:
+                raise
+            log.exception("sampling mode %s cannot be captured; sampling it after the graph", mode)
+            self._eager_sampling.add(mode)
+            return None
 
     def _body(self, span: int, mode: str) -> torch.Tensor:
         """The step's work (what a graph captures): [save the recurrent part,] decode,

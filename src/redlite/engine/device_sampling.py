@@ -83,8 +83,8 @@ def sample_into(logits: torch.Tensor, out: torch.Tensor, mode: str, state: Devic
     mass_before = (torch.cumsum(e, 0) - e) / e.sum()
     keep &= mass_before < f[1]                              # top-p over the top-k
     keep &= sorted_x - sorted_x[0] >= torch.log(f[2])       # min-p (log 0 = -inf: off)
-    keep[0] = True
+    keep |= ranks == 0                                      # the most likely token stays
     gumbel = -torch.log(-torch.log(uniforms(order, n[1], n[2])))
-    choice = torch.argmax(torch.where(keep, sorted_x + gumbel, float("-inf")))
+    choice = torch.argmax((sorted_x + gumbel).masked_fill_(~keep, float("-inf")))
     out.copy_(order[choice].reshape(1))
     n[2:3].add_(1)
