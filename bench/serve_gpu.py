@@ -123,7 +123,7 @@ def words(n_tokens: int, seed: int) -> str:
 
     rng = random.Random(seed)
     vocab = ["alpha", "river", "stone", "quiet", "number", "light", "garden", "ship", "window", "orbit"]
-    return " ".join(f"{rng.choice(vocab)}{rng.randrange(100)}" for _ in range(n_tokens // 2))
+    return " ".join(f"{rng.choice(vocab)}{rng.randrange(100)}" for _ in range(int(n_tokens / 2.9)))
 
 
 def chat(url: str, messages: list[dict], max_tokens: int, **sampling) -> dict:
@@ -138,6 +138,8 @@ def chat(url: str, messages: list[dict], max_tokens: int, **sampling) -> dict:
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
+            if "choices" not in chunk:
+                raise RuntimeError(f"error chunk from the server: {chunk}")
             usage = chunk.get("usage") or usage
             for choice in chunk["choices"]:
                 if choice["delta"].get("content"):
@@ -158,37 +160,45 @@ def log_rates(log: str) -> list[float]:
 def serve(model_dir: Path, args, ctx: int) -> dict:
     """Section 1 and 2 through one server."""
     out: dict = {"decode": [], "ttft": []}
-    flags = ["--model", str(model_dir), "--device", DEVICE.type, "--dtype", "bfloat16", "--ctx-size", str(ctx), "--max-tokens", "8192"]
+    flags = ["--model", str(model_dir), "--device", DEVICE.type, "--dtype", "bfloat16", "--ctx-size", str(ctx),
+             "--max-tokens", "8192"]
     started = time.perf_counter()
     with ServerProcess(*flags, engine="torch", timeout_s=900) as server:
-        out["ready_s"] = time.perf_counter() - started
-        for i in range(4):
-            res = chat(server.url, [{"role": "user", "content": words(args.prompt, seed=i)}], args.decode)
-            out["decode"].append(res)
-        sampled = chat(server.url, [{"role": "user", "content": words(args.prompt, seed=9)}], args.decode,
-                       temperature=0.8, top_p=0.95, top_k=50, seed=1)
-        for held in args.held:
-            first = [{"role": "user", "content": words(held, seed=100 + held)}]
-            new = chat(server.url, first, 32)
-            regen = chat(server.url, first, 8)
-            turn2 = first + [{"role": "assistant", "content": regen["text"]},
-                             {"role": "user", "content": "Which detail matters most, and why?"}]
-            second = chat(server.url, turn2, 8)
-            for case, res in (("new conversation", new), ("regenerate", regen), ("second turn", second)):
-                out["ttft"].append({"held": held, "case": case, "prompt_tokens": res["prompt_tokens"],
-                                    "cached_tokens": res["cached_tokens"], "ttft_ms": res["ttft_ms"]})
+        try:
+            _requests(server, args, out, started)
+        except Exception:
+            say("server log tail:\n" + "\n".join(server.log().splitlines()[-40:]))
+            raise
         log = server.log()
     rates = log_rates(log)
     for res, rate in zip(out["decode"], rates):
         res["server_decode_tok_s"] = rate
-    sampled["server_decode_tok_s"] = rates[4] if len(rates) > 4 else None
-    out["sampled"] = sampled
+    out["sampled"]["server_decode_tok_s"] = rates[4] if len(rates) > 4 else None
     warm = re.search(r"warm-up done in ([\d.]+) s: (\d+) CUDA graphs \(decode path (\S+)\)", log)
     cold = re.search(r"cold start ([\d.]+) s", log)
     out.update(warmup_s=float(warm.group(1)) if warm else None, graphs=int(warm.group(2)) if warm else None,
                decode_path=warm.group(3) if warm else None, cold_start_s=float(cold.group(1)) if cold else None)
     out["log_tail"] = log.splitlines()[-40:]
     return out
+
+
+def _requests(server, args, out: dict, started: float) -> None:
+    out["ready_s"] = time.perf_counter() - started
+    for i in range(4):
+        res = chat(server.url, [{"role": "user", "content": words(args.prompt, seed=i)}], args.decode)
+        out["decode"].append(res)
+    out["sampled"] = chat(server.url, [{"role": "user", "content": words(args.prompt, seed=9)}], args.decode,
+                          temperature=0.8, top_p=0.95, top_k=50, seed=1)
+    for held in args.held:
+        first = [{"role": "user", "content": words(held, seed=100 + held)}]
+        new = chat(server.url, first, 32)
+        regen = chat(server.url, first, 8)
+        turn2 = first + [{"role": "assistant", "content": regen["text"]},
+                         {"role": "user", "content": "Which detail matters most, and why?"}]
+        second = chat(server.url, turn2, 8)
+        for case, res in (("new conversation", new), ("regenerate", regen), ("second turn", second)):
+            out["ttft"].append({"held": held, "case": case, "prompt_tokens": res["prompt_tokens"],
+                                "cached_tokens": res["cached_tokens"], "ttft_ms": res["ttft_ms"]})
 
 
 def engine_level(cfg: dict, tensors: dict, ctx: int, served: dict, args) -> dict:

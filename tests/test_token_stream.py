@@ -198,6 +198,20 @@ def test_sampling_mode_that_cannot_be_captured_falls_back_to_eager_sampling(monk
     assert got == want
 
 
+def test_stream_after_decoder_built_in_inference_mode():
+    # the start-up warm-up builds the decoder (its tensors) under inference mode; requests
+    # later run outside it
+    model = tiny_llama(seed=4)
+    engine = TorchEngine(model, ctx_size=256, cuda_graphs=True)
+    with torch.inference_mode():
+        engine.graph_decoder()
+    for params in (SamplingParams(temperature=0), SamplingParams(seed=2)):
+        engine.reset()
+        gen = Generator(engine, tok)
+        text, result = run(gen, chat("x"), max_tokens=8, sampling=params)
+        assert len(result.answer_ids) == 8 and engine.n_past == len(gen.held_ids)
+
+
 # --- a tiny Qwen3.5 hybrid: undo restores the recurrent part -----------------------------------
 
 def test_tiny_hybrid_undo_restores_recurrent_state():

@@ -7,6 +7,11 @@ that hit ``max_tokens`` and the token that completed a stop sequence are not hel
 and the engine agree at every moment; when a request fails mid-way the history is marked
 untrusted and the next request resets.
 
+Tokens come from the engine's token stream when it samples the request itself (on the device,
+one token ahead of the host: the step that feeds token n runs while the host reads,
+detokenizes and scans it; a token that ends the answer is taken back, see
+:mod:`redlite.core.token_loop`), else from a host sampler over each step's logits.
+
 A request with ``n`` > 1 runs its choices one after another: each later choice plans against
 the held state of the previous one (prompt + its answer), so the planner rewinds (or restores
 the checkpoint at the prompt's end) and only the answer is recomputed; later choices skip the

@@ -52,8 +52,9 @@ class DeviceSampling:
         top_k = params.top_k if 0 < params.top_k < self.vocab else self.vocab
         top_p = params.top_p if params.top_p < 1.0 else 2.0
         inv_t = 1.0 / max(float(params.temperature), 1e-6)
-        self.floats.copy_(torch.tensor([inv_t, top_p, params.min_p], dtype=torch.float32))
-        self.ints.copy_(torch.tensor([top_k, int(seed) & _MASK32, 0], dtype=torch.int64))
+        with torch.inference_mode():  # the tensors may be inference tensors (made in a warm-up)
+            self.floats.copy_(torch.tensor([inv_t, top_p, params.min_p], dtype=torch.float32))
+            self.ints.copy_(torch.tensor([top_k, int(seed) & _MASK32, 0], dtype=torch.int64))
         return int(seed)
 
 

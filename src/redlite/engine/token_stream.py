@@ -26,14 +26,14 @@ class DeviceTokenStream(TokenStream):
 
     def __init__(self, engine, decoder, params: SamplingParams, mode: str, logits: torch.Tensor):
         self.engine, self.decoder, self.mode = engine, decoder, mode
-        self.seed = decoder.sampling.set(params)
         pinned = decoder.device.type == "cuda"
         self._host = torch.zeros(_SLOTS, dtype=torch.long, pin_memory=pinned)
         self._events = [torch.cuda.Event() if pinned else None for _ in range(_SLOTS)]
         self._unread: collections.deque[int] = collections.deque()
         self._next_slot = 0
         self._fed_at: int | None = None  # where the last feed put its token (for undo)
-        with torch.inference_mode():
+        with torch.inference_mode():  # the decoder's tensors are inference tensors
+            self.seed = decoder.sampling.set(params)
             decoder.sample_first(logits, mode)
             self._queue_read()
 
