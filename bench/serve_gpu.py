@@ -11,8 +11,10 @@ Usage (on a CUDA machine)::
 converted directory); the models use its vocabulary (49,152 for SmolLM2). Shapes, random
 bfloat16 weights written as a Hugging Face directory: ``1b`` = Llama-3.2-1B's (hidden 2048, 16
 layers, 32/8 heads of 64, intermediate 8192, tied; 1.07 B parameters with this vocabulary),
-``8b`` = Qwen3-8B's (hidden 4096, 36 layers, 32/8 heads of 128, q/k norm, intermediate 12288).
-The end-of-turn ids' output rows are zero, so greedy answers run to ``max_tokens``.
+``8b`` = Qwen3-8B's (hidden 4096, 36 layers, 32/8 heads of 128, q/k norm, intermediate 12288);
+``hybrid9b`` = the Qwen3.5-9B shape of bench/hybrid_report.py (Gated DeltaNet + gated
+attention; its recurrent state is copied aside at every pipelined step, for the undo). The
+end-of-turn ids' output rows are zero, so greedy answers run to ``max_tokens``.
 
 Per shape, one fresh server (its start-up log gives the warm-up and cold-start seconds), then:
 
@@ -61,6 +63,7 @@ SHAPES = {
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True,
                  rope_theta=10000.0, architectures=["LlamaForCausalLM"]),
 }
+HYBRID = {"hybrid9b": "9b", "hybrid-tiny": "tiny"}  # Qwen3.5 shapes of bench/hybrid_report.py
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 R: dict = {"meta": {}, "shapes": {}, "errors": []}
 
@@ -89,12 +92,32 @@ def hf_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 
 def build_dir(shape: str, tok_dir: Path, work: Path, eos: frozenset[int], vocab: int, max_pos: int):
-    """(model directory, GPU weights by HF name) with random bf16 weights (std 0.02, norms 1,
-    end-of-turn output rows 0)."""
+    """(model directory, the same model in this process) with random bf16 weights (std 0.02,
+    norms 1 (llama) or near their usual ranges (hybrid), end-of-turn output rows 0)."""
     import shutil
 
     from safetensors.torch import save_file
 
+    if shape in HYBRID:
+        cfg, model = hybrid_model(shape, vocab, max_pos, eos)
+        tensors = {"model." + name: t for name, t in model.hf_targets().items()}
+    else:
+        cfg, tensors = llama_tensors(shape, vocab, max_pos, eos)
+        from redlite.models.llama import LlamaModel
+        model = LlamaModel(cfg, device=DEVICE, dtype=torch.bfloat16)
+        model.load_hf_weights(tensors)
+    out = work / shape
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(out / "model.safetensors"))
+    del tensors
+    (out / "config.json").write_text(json.dumps(cfg))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (tok_dir / name).is_file():
+            shutil.copy(tok_dir / name, out / name)
+    return out, model.eval()
+
+
+def llama_tensors(shape: str, vocab: int, max_pos: int, eos) -> tuple[dict, dict]:
     cfg = dict(SHAPES[shape], vocab_size=vocab, rms_norm_eps=1e-6, hidden_act="silu",
                max_position_embeddings=max_pos, torch_dtype="bfloat16", eos_token_id=sorted(eos))
     gen = torch.Generator(device=DEVICE).manual_seed(0)
@@ -107,14 +130,21 @@ def build_dir(shape: str, tok_dir: Path, work: Path, eos: frozenset[int], vocab:
         if name == ("model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"):
             t[sorted(eos)] = 0
         tensors[name] = t
-    out = work / shape
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.cpu() for k, v in tensors.items()}, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(cfg))
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if (tok_dir / name).is_file():
-            shutil.copy(tok_dir / name, out / name)
-    return out, cfg, tensors
+    return cfg, tensors
+
+
+def hybrid_model(shape: str, vocab: int, max_pos: int, eos):
+    """A Qwen3.5 model (bench/hybrid_report.py's shapes) with random weights on the device."""
+    from hybrid_report import SHAPES as HYBRID_SHAPES, random_weights
+
+    from redlite.models.qwen3_5 import Qwen3_5Model
+
+    cfg = dict(HYBRID_SHAPES[HYBRID[shape]], vocab_size=vocab, max_position_embeddings=max_pos,
+               torch_dtype="bfloat16", eos_token_id=sorted(eos))
+    model = random_weights(Qwen3_5Model(cfg, device=DEVICE, dtype=torch.bfloat16))
+    with torch.no_grad():
+        model.lm_head_weight[sorted(eos)] = 0
+    return cfg, model
 
 
 def words(n_tokens: int, seed: int) -> str:
@@ -201,22 +231,24 @@ def _requests(server, args, out: dict, started: float) -> None:
                                 "cached_tokens": res["cached_tokens"], "ttft_ms": res["ttft_ms"]})
 
 
-def engine_level(cfg: dict, tensors: dict, ctx: int, served: dict, args) -> dict:
-    """Section 3 and the TTFT ideals, on the same weights."""
+def engine_level(model, ctx: int, served: dict, args) -> dict:
+    """Section 3 and the TTFT ideals, on the same weights (``model`` in this process)."""
     from redlite.engine.torch_engine import TorchEngine
-    from redlite.models.llama import LlamaModel
 
     device = DEVICE
-    model = LlamaModel(cfg, device=device, dtype=torch.bfloat16)
-    model.load_hf_weights(tensors)
-    sizes = gpu.model_sizes(model)
+    if hasattr(model, "spec"):
+        sizes = gpu.model_sizes(model)
+    else:
+        from hybrid_report import model_sizes
+        sizes = model_sizes(model)
     engine = TorchEngine(model, ctx_size=ctx, device=device, dtype=torch.bfloat16)
     engine.capture_graphs()
     context = served["decode"][0]["prompt_tokens"]
     rate = gpu.decode_rate(engine, context, args.decode, device)
     bw = gpu.R["ceilings"]["copy_bw_Bps"]
-    per_token = sizes["weight_bytes_per_token"] + sizes["kv_bytes_per_token"] * (context + args.decode / 2)
-    ideal = []
+    per_token = sizes["weight_bytes_per_token"] + sizes["kv_bytes_per_token"] * (context + args.decode / 2) \
+        + sizes.get("state_bytes_per_token", 0)
+    logits = engine.prefill([5])
     for row in served["ttft"]:
         if row["case"] == "new conversation" or row["cached_tokens"] is None:
             continue
@@ -227,11 +259,12 @@ def engine_level(cfg: dict, tensors: dict, ctx: int, served: dict, args) -> dict
             engine.state.n_past = held  # random KV rows are as good as real ones for timing
             gpu.sync(device)
             t0 = time.perf_counter()
-            int(torch.argmax(engine.prefill(list(range(5, 5 + new)))))
+            # no new token: a hybrid's checkpoint at the prompt's end holds the logits there
+            int(torch.argmax(engine.prefill(list(range(5, 5 + new))) if new else logits))
             times.append(time.perf_counter() - t0)
         row["ideal_ms"] = 1e3 * min(times)
         row["excess_ms"] = row["ttft_ms"] - row["ideal_ms"]
-    del engine, model
+    del engine
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"context": context, "tok_s": rate, "bound_tok_s": bw / per_token, "sizes": sizes}
@@ -240,11 +273,13 @@ def engine_level(cfg: dict, tensors: dict, ctx: int, served: dict, args) -> dict
 def run_shape(shape: str, args, tok_dir: Path, eos, vocab: int, work: Path) -> None:
     ctx = 2 * max(args.held) + 4096
     t0 = time.perf_counter()
-    model_dir, cfg, tensors = build_dir(shape, tok_dir, work, eos, vocab, ctx)
+    model_dir, model = build_dir(shape, tok_dir, work, eos, vocab, ctx)
     say(f"[{shape}] random weights written in {time.perf_counter() - t0:.1f} s")
     served = serve(model_dir, args, ctx)
-    eng = engine_level(cfg, tensors, ctx, served, args)
-    del tensors
+    eng = engine_level(model, ctx, served, args)
+    del model
+    if DEVICE.type == "cuda":
+        torch.cuda.empty_cache()
     first = served["decode"][0]["server_decode_tok_s"]
     later = statistics.median(r["server_decode_tok_s"] for r in served["decode"][1:])
     ttft = {f"{r['held']}/{r['case']}": r for r in served["ttft"]}
