@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(client gone, shutdown) stops between steps")
     serve.add_argument("--max-tokens", type=int, default=4096,
                        help="server-side cap on the tokens generated for any request (0: none)")
+    serve.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                       help="on a GPU, compile kernels and capture CUDA graphs before serving "
+                            "(the first request then runs at full speed)")
     serve.add_argument("--no-reuse", action="store_true", help="never reuse held state (every plan resets)")
     serve.add_argument("--checkpoint-interval", type=int, default=1024, help="tokens between checkpoints in long prefills")
     serve.add_argument("--checkpoint-mib", type=float, default=512.0,

@@ -159,6 +159,11 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
              engine.model_id, engine.max_context, time.perf_counter() - started)
     if stopper.requested.is_set():
         return 0
+    if getattr(args, "warmup", True):
+        from redlite.engine.warmup import warm_up
+        warm_up(engine, tokenizer, max(1, args.prefill_chunk))
+        if stopper.requested.is_set():
+            return 0
     settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
                                  checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)),
                                  prefill_chunk=max(1, args.prefill_chunk),
