@@ -168,6 +168,8 @@ class SessionStore:
         self._rejected: dict[str, FileStats] = {}  # name in rejected/ -> size, mtime
         self._index = PrefixIndex(block)
         self._owners: Owners | None = None
+        self._left_in_place: set[str] = set()  # refused files of live writers: not re-read
+        self._seen_mtime, self._seen_at = None, float("-inf")  # the directory at the last look
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -205,6 +207,7 @@ class SessionStore:
         writers no longer alive are removed; then the bounds are applied."""
         owners = self.owners
         owners.remove_stale_locks()
+        self._seen_mtime, self._seen_at = self.directory.stat().st_mtime_ns, self._clock()
         for path in sorted(self.directory.iterdir()):
             if TEMP_NAME.match(path.name):
                 if owners.may_delete(path.name):
@@ -215,20 +218,7 @@ class SessionStore:
                 continue
             if not SESSION_NAME.match(path.name):
                 continue
-            try:
-                meta, size = read_meta(path)
-                check_compatible(meta, self.expected)
-                held = [int(t) for t in meta["held_ids"]]
-                positions = [int(c["position"]) for c in meta.get("checkpoints") or []]
-                last_used = path.stat().st_mtime  # set to the last use on save and load
-            except SessionFileError as error:
-                self._reject(path, error)
-                continue
-            except (KeyError, TypeError, ValueError, OSError) as error:
-                self._reject(path, SessionFileError("corrupt-header", str(error)))
-                continue
-            self._add(DiskEntry(path.name, path, held, positions, size,
-                                float(meta.get("created", 0.0)), last_used))
+            self._index_file(path)
         rejected_dir = self.directory / REJECTED
         if rejected_dir.is_dir():
             for path in rejected_dir.iterdir():
@@ -239,6 +229,49 @@ class SessionStore:
                  self.directory, len(self._entries), sum(e.nbytes for e in self._entries.values()),
                  len(self._rejected))
         self.prune()
+
+    def _index_file(self, path: Path) -> bool:
+        """Index one session file from its header; a refused one is rejected. True if indexed."""
+        try:
+            meta, size = read_meta(path)
+            check_compatible(meta, self.expected)
+            held = [int(t) for t in meta["held_ids"]]
+            positions = [int(c["position"]) for c in meta.get("checkpoints") or []]
+            last_used = path.stat().st_mtime  # set to the last use on save and load
+        except SessionFileError as error:
+            self._reject(path, error)
+            return False
+        except (KeyError, TypeError, ValueError, OSError) as error:
+            self._reject(path, SessionFileError("corrupt-header", str(error)))
+            return False
+        self._add(DiskEntry(path.name, path, held, positions, size,
+                            float(meta.get("created", 0.0)), last_used))
+        return True
+
+    def refresh(self) -> int:
+        """Shared directory: index the files other servers wrote since the last look and
+        forget those gone (pruned by their writer). Lists the directory only when its mtime
+        changed or a second passed. Returns the files added."""
+        now = self._clock()
+        try:
+            mtime = self.directory.stat().st_mtime_ns
+        except OSError:
+            return 0
+        if mtime == self._seen_mtime and now - self._seen_at < 1.0:
+            return 0
+        self._seen_mtime, self._seen_at = mtime, now
+        try:
+            present = {p.name: p for p in self.directory.iterdir() if SESSION_NAME.match(p.name)}
+        except OSError:
+            return 0
+        for key in [k for k in self._entries if k not in present]:
+            self._forget(key)
+        added = sum(self._index_file(present[name]) for name in sorted(present)
+                    if name not in self._entries and name not in self._left_in_place)
+        if added:
+            log.info("session dir %s: %d conversations saved by other servers indexed",
+                     self.directory, added)
+        return added
 
     def _add(self, entry: DiskEntry) -> None:
         self._entries[entry.key] = entry
@@ -254,6 +287,7 @@ class SessionStore:
         self.refusals += 1
         name = path.name
         if not self.owners.may_delete(name):  # another live server's (another model's?) file
+            self._left_in_place.add(name)
             log.warning("refused file %s reason=%s (%s); left in place (its writer is running)",
                         name, error.reason, error.detail)
             return
@@ -271,7 +305,9 @@ class SessionStore:
                     error.detail, REJECTED)
 
     def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
-        """Indexed files with a usable prefix for ``prompt`` (see ParkingPool.candidates)."""
+        """Indexed files with a usable prefix for ``prompt`` (see ParkingPool.candidates),
+        after a :meth:`refresh`."""
+        self.refresh()
         return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far)
 
     # --- load --------------------------------------------------------------------------------
