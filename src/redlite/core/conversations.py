@@ -17,6 +17,11 @@
    (a tail entry: its chain's ranges written after the prefix they share); a failed restore
    resets the engine and the request runs cold.
 
+Parked and saved entries carry the conversation's session key and its exact-replay turns
+(:mod:`redlite.core.replay`, once :meth:`Conversations.attach_replay` named the store): the
+turns its held ids hold are collected when it is parked or saved, put back into the store when
+it is restored, and the store is seeded from the disk tier's files at start.
+
 The Generator then plans reuse against the (possibly new) held state as usual. Nothing here
 raises into the request: failures are logged and end in a consistent (possibly empty) state.
 """
@@ -32,6 +37,7 @@ from redlite.core.forks import Lineage, parked_checkpoint, trusted
 from redlite.core.parking import (ID_BYTES_PER_TOKEN, LIVE, Candidate, EntryStats, EvictionPlan,
                                   ParkedCheckpoint, ParkedEntry, ParkingPool, choose_candidate,
                                   plan_eviction, tail_usable, tensor_nbytes, usable_prefix)
+from redlite.core.replay import ReplayStore
 from redlite.core.reuse import common_prefix_length
 from redlite.core.sessions import SessionStore
 
@@ -134,6 +140,31 @@ class Conversations:
         self.restores: dict[str, int] = {}
         self.restore_seconds: dict[str, float] = {}
         self._session: str | None = None  # the current request's session key
+        self.replay: ReplayStore | None = None  # exact replay's turns (attach_replay)
+
+    def attach_replay(self, store: ReplayStore) -> int:
+        """Use ``store`` for the exact-replay turns of parked and saved conversations, and
+        seed it with the turns of the indexed files (least recently used first, within its
+        budget). Returns the turns added."""
+        self.replay = store
+        if self.sessions is None:
+            return 0
+        turns = []
+        for entry in sorted(self.sessions.entries(), key=lambda e: e.last_used):
+            turns += entry.replay
+            entry.replay = []  # the store owns them now
+        added = store.restore(turns)
+        if turns:
+            log.info("replay: %d turns of saved conversations kept (%d in files)", added, len(turns))
+        return added
+
+    def _with_turns(self, entry: ParkedEntry) -> ParkedEntry:
+        """``entry`` with the store's turns its held ids hold added to its own."""
+        if self.replay is not None:
+            found = self.replay.turns_in(entry.held_ids)
+            keys = {t.key for t in found}
+            entry.replay = [t for t in entry.replay if t.key not in keys] + found
+        return entry
 
     # --- the candidate-selection step --------------------------------------------------------
 
@@ -187,6 +218,8 @@ class Conversations:
             if popped:  # its dependants now build on the live state, or lost their prefix
                 self.lineage.adopt(choice.key, installed)
             if installed:
+                if self.replay is not None and entry.replay:
+                    self.replay.restore(entry.replay)  # its turns: used again
                 seconds = time.perf_counter() - started
                 self.restores[choice.tier] = self.restores.get(choice.tier, 0) + 1
                 self.restore_seconds[choice.tier] = self.restore_seconds.get(choice.tier, 0.0) + seconds
@@ -221,13 +254,14 @@ class Conversations:
         can_rewind = engine.can_rewind
         candidates = [Candidate(LIVE, live_usable, "live", self._clock())]
         session = self._session
-        if self.pool is not None and session is not None:
-            for entry in self.pool.entries():
+        if session is not None:  # the session's own entries, RAM and disk, come first
+            tiers = [t for t in (self.pool, self.sessions) if t is not None]
+            for entry in (e for tier in tiers for e in tier.entries()):
                 if entry.session == session:
                     usable = tail_usable(entry, usable_prefix(
                         len(entry.held_ids), common_prefix_length(entry.held_ids, prompt),
                         len(prompt), can_rewind, entry.checkpoint_positions))
-                    candidates.append(Candidate(entry.key, usable, "ram", entry.last_used,
+                    candidates.append(Candidate(entry.key, usable, entry.tier, entry.last_used,
                                                 len(entry.held_ids), session=True))
         if self.pool is not None:
             candidates += self.pool.candidates(prompt, can_rewind, live_usable)
@@ -305,7 +339,7 @@ class Conversations:
         except Exception as error:
             log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
             return
-        self.park(entry, protected, engine.can_rewind, started)
+        self.park(self._with_turns(entry), protected, engine.can_rewind, started)
 
     def _superseded(self, held_ids: list[int], protected: frozenset, can_rewind: bool) -> list:
         """Pool entries a conversation holding ``held_ids`` makes redundant (it extends them)."""
@@ -369,7 +403,7 @@ class Conversations:
             except Exception as error:  # noqa: BLE001 - its prefix is gone: not saved
                 log.warning("save skipped %d tok reason=%s: %s", n, type(error).__name__, error)
                 return
-            self.sessions.save(whole, supersede=can_rewind, protected=protected)
+            self.sessions.save(self._with_turns(whole), supersede=can_rewind, protected=protected)
 
     # --- stop --------------------------------------------------------------------------------
 
@@ -407,6 +441,6 @@ class Conversations:
                                 type(error).__name__, error)
                     continue
             with guard():
-                if self.sessions.save(entry, supersede=gen.engine.can_rewind) is not None:
+                if self.sessions.save(self._with_turns(entry), supersede=gen.engine.can_rewind) is not None:
                     saved += 1
         return saved
