@@ -53,16 +53,16 @@ def _model(kind: str):
     return transformers.Qwen3_5ForCausalLM(config)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3_5"])
-def model_dir(request, tmp_path_factory):
+def build_model_dir(kind: str, tmp_path_factory) -> Path:
+    """A tiny random model (``llama`` or ``qwen3_5``) with the SmolLM2 tokenizer and our template."""
     import torch
 
     from redlite.loading.bundled import bundled_model_path
     from redlite.loading.gguf import resolve_model_dir
 
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp(f"tiny-{request.param}-replay")
-    _model(request.param).eval().save_pretrained(path)
+    path = tmp_path_factory.mktemp(f"tiny-{kind}-replay")
+    _model(kind).eval().save_pretrained(path)
     source = resolve_model_dir(bundled_model_path())
     for name in TOKENIZER_FILES:
         if (source / name).exists():
@@ -71,9 +71,15 @@ def model_dir(request, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen3_5"])
+def model_dir(request, tmp_path_factory):
+    return build_model_dir(request.param, tmp_path_factory)
+
+
 @contextlib.contextmanager
 def server(path: Path, *, reuse: bool = True, replay: str = "exact", park: bool = False):
-    """An in-process server on the model (its own engine); ``park``: a RAM pool for parking."""
+    """An in-process server on the model (its own engine; ``client.state``); ``park``: a RAM
+    pool for parking."""
     from redlite.core.conversations import Conversations
     from redlite.core.generation import Generator, GeneratorSettings
     from redlite.core.parking import ParkingPool
