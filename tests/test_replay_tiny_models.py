@@ -33,6 +33,10 @@ WRITE = {"type": "function", "function": {"name": "write", "description": "Write
     "required": ["path", "content"], "additionalProperties": False}}}
 SYSTEM = {"role": "system", "content": "You are a tiny random model that edits files."}
 NO_THINKING = {"enable_thinking": False}
+# like Qwen3's own templates: reasoning of turns before the last user message is dropped
+DROPPING = TEMPLATE.read_text().replace("{%- if loop.index0 > ns.last_user or message.reasoning_content -%}",
+                                        "{%- if loop.index0 > ns.last_user -%}")
+assert DROPPING != TEMPLATE.read_text()
 
 
 def _model(kind: str):
@@ -77,9 +81,10 @@ def model_dir(request, tmp_path_factory):
 
 
 @contextlib.contextmanager
-def server(path: Path, *, reuse: bool = True, replay: str = "exact", park: bool = False):
+def server(path: Path, *, reuse: bool = True, replay: str = "exact", park: bool = False,
+           template: str | None = None):
     """An in-process server on the model (its own engine; ``client.state``); ``park``: a RAM
-    pool for parking."""
+    pool for parking; ``template``: another chat template."""
     from redlite.core.conversations import Conversations
     from redlite.core.generation import Generator, GeneratorSettings
     from redlite.core.parking import ParkingPool
@@ -89,6 +94,8 @@ def server(path: Path, *, reuse: bool = True, replay: str = "exact", park: bool 
     from redlite.server.chat_service import ChatOptions
 
     engine, tokenizer = load_engine(str(path), ctx_size=2048, device="cpu")
+    if template is not None:
+        tokenizer.transformers_tokenizer.chat_template = template
     generator = Generator(engine, tokenizer, GeneratorSettings(reuse=reuse, checkpoint_interval=0))
     if park:
         generator.parking = Conversations(ParkingPool(64 << 20, 8), None)
@@ -143,23 +150,26 @@ def session(client, case):
         answer, _, held = ask(client, first, temperature=1.0, seed=3, **fields)
         assert answer.get("reasoning_content"), answer
         back = {"role": "assistant", "content": answer.get("content") or ""}  # reasoning stripped
+        if case == "reasoning-dropped-by-template":  # sent back, but the template drops it
+            back["reasoning_content"] = answer["reasoning_content"]
         second = first + [back, {"role": "user", "content": "And now?"}]
     answer2, usage2, _ = ask(client, second, **fields)
     return held, usage2, answer2, answer
 
 
-@pytest.mark.parametrize("case", ["sorted-keys", "reasoning-stripped"])
+@pytest.mark.parametrize("case", ["sorted-keys", "reasoning-stripped", "reasoning-dropped-by-template"])
 def test_mismatch_class_is_a_plain_extension_and_equals_cold(model_dir, case):
-    with server(model_dir) as warm:
+    template = DROPPING if case == "reasoning-dropped-by-template" else None
+    with server(model_dir, template=template) as warm:
         held, usage, answer2, answer1 = session(warm, case)
     assert usage["prompt_tokens_details"]["cached_tokens"] == held, (case, usage, held)
-    with server(model_dir, reuse=False) as cold:
+    with server(model_dir, reuse=False, template=template) as cold:
         _, cold_usage, cold_answer2, cold_answer1 = session(cold, case)
     assert without_ids(cold_answer1) == without_ids(answer1) and cold_answer2 == answer2
     assert cold_usage["prompt_tokens"] == usage["prompt_tokens"]
     assert cold_usage["prompt_tokens_details"]["cached_tokens"] == 0
-    with server(model_dir, replay="template") as template:
-        t_held, t_usage, _, _ = session(template, case)
+    with server(model_dir, replay="template", template=template) as plain:
+        t_held, t_usage, _, _ = session(plain, case)
     assert t_usage["prompt_tokens_details"]["cached_tokens"] < t_held  # the template alone misses
     print(case, "exact cached", usage["prompt_tokens_details"]["cached_tokens"], "of", held,
           "| template cached", t_usage["prompt_tokens_details"]["cached_tokens"], "of", t_held)
@@ -185,3 +195,45 @@ def test_main_and_sub_agent_interleaved(model_dir):
                 history.append({"role": "assistant", "content": answer.get("content") or ""})
         # every turn after the first two switched conversations: restored from the RAM pool
         assert warm.state.worker.generator.parking.restores.get("ram", 0) == 4
+
+
+@pytest.mark.parametrize("case", ["trimmed", "regenerate"])
+def test_trimmed_and_regenerated_keep_what_they_can(model_dir, case):
+    """Not exact replay's (nothing to recognise): a trimmed answer renders through the template
+    and keeps the common prefix (KV) or the checkpoint before the generation prompt (hybrid);
+    a regenerate keeps all but the last prompt token (KV: its logits) or the whole prompt
+    (hybrid: the checkpoint at its end holds them). Answers equal a cold server's."""
+    from redlite.core.reuse import common_prefix_length
+
+    hybrid = "qwen3_5" in model_dir.name
+    first = [SYSTEM, {"role": "user", "content": "Tell me about files."}]
+
+    def run(client):
+        answer, usage1, _ = ask(client, first, temperature=1.0, seed=5, max_tokens=12,
+                                chat_template_kwargs=NO_THINKING)
+        if case == "regenerate":
+            again, usage, _ = ask(client, first, temperature=1.0, seed=5, max_tokens=12,
+                                  chat_template_kwargs=NO_THINKING)
+            return usage1, usage, again, answer, first
+        text = answer.get("content") or ""
+        trimmed = first + [{"role": "assistant", "content": text[: len(text) // 2]},
+                           {"role": "user", "content": "Go on."}]
+        got, usage, _ = ask(client, trimmed, chat_template_kwargs=NO_THINKING)
+        return usage1, usage, got, answer, trimmed
+
+    with server(model_dir) as warm:
+        usage1, usage, answer2, answer1, second = run(warm)
+        tokenizer = warm.state.tokenizer
+    with server(model_dir, reuse=False) as cold:
+        _, cold_usage, cold_answer2, cold_answer1, _ = run(cold)
+    assert (cold_answer1, cold_answer2) == (answer1, answer2)
+    assert cold_usage["prompt_tokens_details"]["cached_tokens"] == 0
+    cached, prompt1 = usage["prompt_tokens_details"]["cached_tokens"], usage1["prompt_tokens"]
+    if case == "regenerate":
+        assert answer2 == answer1 and cached == (prompt1 if hybrid else prompt1 - 1)
+    else:
+        rendered = tokenizer.render_chat(first, enable_thinking=False)
+        common = common_prefix_length(rendered.token_ids, tokenizer.render_chat(
+            second, enable_thinking=False).token_ids)
+        assert common < prompt1  # the history's header differs from the generation prompt
+        assert cached == (rendered.message_ends[-1] if hybrid else common), (cached, common)
