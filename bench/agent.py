@@ -195,6 +195,9 @@ def replay(server: Server, trace: dict, model: str, redlite: bool, timeout_s: fl
             "ttft_sum_ms": round(sum(r["ttft_ms"] for r in rows), 1)}
 
 
+SERVERS = ("redlite", "redlite --replay template", "redlite --no-reuse", "llama.cpp")
+
+
 def modes(args) -> list[tuple[str, list[str] | None, str]]:
     """(label, extra serve options or None when n/a, why n/a) of the redlite runs."""
     helptext = serve_options()
@@ -203,10 +206,16 @@ def modes(args) -> list[tuple[str, list[str] | None, str]]:
             ("redlite --no-reuse", ["--no-reuse"], "")]
 
 
-def run_all(args, traces: list[dict]) -> dict:
-    results: dict[str, dict] = {}
+def run_all(args, traces: list[dict], results: dict | None = None) -> dict:
+    """Every run ``args.servers`` names; ``results``: those of an earlier run (``--merge``),
+    kept unless run again (their turn counts fix this run's)."""
+    results = dict(results or {})
     model = "echo" if not args.model else Path(args.model).name
     turns: dict[str, int] = {}  # turns per trace, fixed by the first run
+    for per_trace in results.values():
+        for name, r in per_trace.items():
+            if isinstance(r, dict) and "turns" in r:
+                turns.setdefault(name, r["turns"])
     limit = args.context_limit - (args.max_tokens or 0) if args.context_limit else None
 
     def run(server, trace, redlite):
@@ -216,6 +225,8 @@ def run_all(args, traces: list[dict]) -> dict:
         return result
 
     for label, extra, why in modes(args):
+        if label not in args.servers:
+            continue
         if extra is None:
             print(f"{label}: n/a ({why})")
             results[label] = {"n/a": why}
@@ -228,7 +239,9 @@ def run_all(args, traces: list[dict]) -> dict:
             server.stop()
         print_mode(label, results[label], verbose=(label == "redlite"))
     llama = find_llama_server()
-    if llama is None or not (args.model or "").endswith(".gguf"):
+    if "llama.cpp" not in args.servers:
+        pass
+    elif llama is None or not (args.model or "").endswith(".gguf"):
         why = "llama-server not found" if llama is None else "needs --model FILE.gguf"
         print(f"llama.cpp: skipped ({why})")
         results["llama.cpp"] = {"n/a": why}
@@ -304,16 +317,23 @@ def main() -> None:
                         "--max-tokens passes this many tokens")
     parser.add_argument("--max-tokens", type=int, help="cap on every answer (server side)")
     parser.add_argument("--ctx-size", type=int, help="context of both servers (tokens)")
+    parser.add_argument("--servers", default=",".join(SERVERS),
+                        help=f"comma-separated runs among {', '.join(SERVERS)}")
+    parser.add_argument("--merge", type=Path, help="JSON of an earlier run: its results are kept "
+                        "unless run again (e.g. --servers llama.cpp once llama-server is built)")
     parser.add_argument("--traces", type=Path, default=TRACES)
     parser.add_argument("--only", help="run only traces whose name contains this")
     parser.add_argument("--out", type=Path, help="folder for agent-DATE-MACHINE.{md,json,png}")
     args = parser.parse_args()
+    args.servers = args.servers.split(",")
     if args.model == "bundled":
         from redlite.loading.bundled import bundled_model_path
         args.model = str(bundled_model_path())
     traces = [json.loads(p.read_text()) for p in sorted(args.traces.glob("*.json"))]
     traces = [t for t in traces if not args.only or args.only in t["name"]]
-    results = run_all(args, traces)
+    earlier = json.loads(args.merge.read_text())["results"] if args.merge else None
+    results = run_all(args, traces, earlier)
+    results = {label: results[label] for label in SERVERS if label in results}
     machine = platform.node().split(".")[0] or "machine"
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     engine = f"model {Path(args.model).name} (CPU)" if args.model else "echo engine (CPU)"
