@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 
 from inprocess import echo_call
 from redlite.core.replay import GeneratedTurn, ReplayStore
@@ -61,7 +62,7 @@ def sorted_keys(message):
 def restart_session(start_server, directory, *mode):
     """Turn 1 on one server (parked behind another conversation, both saved at stop), turn 2
     with sorted-keys arguments on a new server over the same directory: (held after turn 1,
-    turn-2 usage, the second server)."""
+    turn-2 usage, the second server, the first server)."""
     args = ("--session-dir", str(directory), "--session-min-tokens", "1", *mode)
     first = start_server(*args)
     answer, usage1 = ask(first, FIRST, "main-1")
@@ -72,22 +73,27 @@ def restart_session(start_server, directory, *mode):
                                                  "tool_call_id": answer["tool_calls"][0]["id"]}]
     second = start_server(*args)
     _, usage2 = ask(second, second_turn, "main-1")
-    return held, usage2, second
+    return held, usage2, second, first
 
 
-def test_restart_keeps_exact_replay_and_the_session(start_server, tmp_path):
-    held, usage, server = restart_session(start_server, tmp_path / "exact")
+@pytest.mark.parametrize("how", ["saved-at-stop", "spilled-from-ram"])
+def test_restart_keeps_exact_replay_and_the_session(start_server, tmp_path, how):
+    # spilled: a RAM pool too small for any conversation, so parking writes the file at once
+    spill = ("--park-mib", "0.001") if how == "spilled-from-ram" else ()
+    held, usage, server, first = restart_session(start_server, tmp_path / "exact", *spill)
     # a plain extension: every held token kept, the generated turn not prefilled again
     assert usage["prompt_tokens_details"]["cached_tokens"] == held
     log = server.log()
     assert "replay: 2 turns of saved conversations kept (2 in files)" in log, log
     assert "replay: 1 generated turns spliced session=main-1" in log
     assert "restored from disk" in log and "session=main-1" in log
+    if spill:
+        assert "reason=no-room -> disk" in first.log()
     metas = [read_meta(p)[0] for p in (tmp_path / "exact").glob("*.rlsession")]
     assert {m["session"] for m in metas} >= {"main-1", "other-2"}
     assert all(m["version"] == 2 for m in metas)
     main = next(m for m in metas if m["session"] == "main-1")
     assert main["replay"] and main["replay"][0]["calls"][0][1] == "write"
     # without exact replay the re-serialized arguments are a miss (the test can fail)
-    held_t, usage_t, _ = restart_session(start_server, tmp_path / "template", "--replay", "template")
+    held_t, usage_t, _, _ = restart_session(start_server, tmp_path / "template", *spill, "--replay", "template")
     assert usage_t["prompt_tokens_details"]["cached_tokens"] < held_t
