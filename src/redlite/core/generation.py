@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-from redlite.core.checkpoints import CheckpointStore, prefill_split_points
+from redlite.core.checkpoints import CheckpointStore, preamble_end, prefill_split_points
 from redlite.core.divergence import describe_divergence, describe_message
 from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
 from redlite.core.chat import ChatOutput, OutputEvent
@@ -179,6 +179,9 @@ class Generator:
         else:  # checkpoints on message boundaries, every checkpoint_interval tokens, at the end
             ends = prefill_split_points(plan.keep, len(prompt), request.message_ends,
                                         self.settings.checkpoint_interval)
+        preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info])
+        if preamble is not None and preamble <= plan.keep:  # kept (e.g. a restored conversation)
+            self.checkpoints.pin(preamble)
         start = plan.keep
         for end in ends:
             while start < end:
@@ -195,7 +198,7 @@ class Generator:
             if not engine.can_rewind and self.settings.checkpoint_bytes > 0:
                 checkpoint = engine.take_checkpoint(logits, turn_boundary=end == len(prompt))
                 if checkpoint is not None:
-                    self.checkpoints.add(checkpoint)
+                    self.checkpoints.add(checkpoint, pinned=end == preamble)
         if len(ends) > 1 or not engine.can_rewind:
             log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
         return logits, True
