@@ -70,6 +70,9 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--park-mib", type=float, default=2048.0,
                        help="host memory for parked conversations, MiB (fractions allowed; 0: none)")
     parser.add_argument("--park-slots", type=int, default=8, help="most conversations parked in RAM")
+    parser.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                        help="on a GPU, compile kernels and capture CUDA graphs before serving "
+                             "(the first request then runs at full speed)")
     parser.add_argument("--park-device-mib", type=float, default=4096.0,
                        help="device memory (GPU) for parked conversations, MiB: a fork's discarded "
                             "tail stays there while it fits, else goes to host RAM (0: host only)")

@@ -18,6 +18,8 @@ Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"
   ones; it deletes only those, never other files. Servers sharing a directory use each
   other's files, each within its own bounds, and never delete each other's;
 - a save that fails (e.g. a full disk) is logged and dropped: it never fails a request.
+- a file's header carries the conversation's session key and exact-replay turns (indexed
+  with it; :meth:`redlite.core.conversations.Conversations.attach_replay` seeds the store).
 
 Not thread-safe: used from the engine worker thread (and at start/stop, when it is idle).
 """
@@ -36,6 +38,7 @@ from redlite.core.parking import (Candidate, ParkedCheckpoint, ParkedEntry,
                                   candidates_from_index, tensor_nbytes)
 from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
 from redlite.core.private_files import open_private
+from redlite.core.replay import GeneratedTurn
 from redlite.core.reuse import common_prefix_length
 from redlite.core.session_dir import (REJECTED, SESSION_NAME, TEMP_NAME, Owners,
                                       prepare_session_dir)
@@ -76,7 +79,8 @@ def entry_to_file(entry: ParkedEntry, expected: Expected) -> tuple[dict[str, Any
             "tensor_format": snapshot.tensor_format,
             "layout": str(snapshot.meta.get("layout", "")), "n_past": snapshot.n_past,
             "held_ids": [int(t) for t in entry.held_ids], "engine_meta": snapshot.meta,
-            "checkpoints": checkpoints, "created": entry.created, "last_used": entry.last_used}
+            "checkpoints": checkpoints, "created": entry.created, "last_used": entry.last_used,
+            "session": entry.session, "replay": [t.to_record() for t in entry.replay]}
     return meta, tensors
 
 
@@ -97,10 +101,12 @@ def entry_from_file(state: StateFile, key: Hashable) -> ParkedEntry:
             payload = {name: state.tensors[f"ckpt.{i}.{name}"] for name in c["tensors"]}
             checkpoints.append(ParkedCheckpoint(int(c["position"]), bool(c["turn_boundary"]),
                                                 tensor_nbytes(payload), payload, dict(c["meta"])))
+        replay = [GeneratedTurn.from_record(r) for r in meta.get("replay") or []]
     except (KeyError, ValueError, TypeError) as error:
         raise SessionFileError("corrupt-header", f"inconsistent metadata: {error}") from None
     return ParkedEntry(key, held, snapshot, checkpoints, float(meta.get("created", 0.0)),
-                       float(meta.get("last_used", 0.0)), tier="disk")
+                       float(meta.get("last_used", 0.0)), tier="disk",
+                       session=meta.get("session"), replay=replay)
 
 
 # --- pruning (pure) ----------------------------------------------------------------------------
@@ -145,6 +151,8 @@ class DiskEntry:
     created: float
     last_used: float
     tier: str = field(default="disk")
+    session: str | None = None  # the client's session key
+    replay: list = field(default_factory=list)  # its exact-replay turns (until the store takes them)
 
 
 class SessionStore:
@@ -237,6 +245,7 @@ class SessionStore:
             check_compatible(meta, self.expected)
             held = [int(t) for t in meta["held_ids"]]
             positions = [int(c["position"]) for c in meta.get("checkpoints") or []]
+            replay = [GeneratedTurn.from_record(r) for r in meta.get("replay") or []]
             last_used = path.stat().st_mtime  # set to the last use on save and load
         except SessionFileError as error:
             self._reject(path, error)
@@ -245,7 +254,8 @@ class SessionStore:
             self._reject(path, SessionFileError("corrupt-header", str(error)))
             return False
         self._add(DiskEntry(path.name, path, held, positions, size,
-                            float(meta.get("created", 0.0)), last_used))
+                            float(meta.get("created", 0.0)), last_used,
+                            session=meta.get("session"), replay=replay))
         return True
 
     def refresh(self) -> int:
@@ -404,7 +414,7 @@ class SessionStore:
         log.info("saved %d tok (%d bytes) in %.1f ms file=%s", len(ids), size, elapsed_ms, name)
         saved = DiskEntry(name, self.directory / name, list(ids),
                           [c.position for c in entry.checkpoints if c.tensors is not None],
-                          size, entry.created, last_used)
+                          size, entry.created, last_used, session=entry.session)
         if supersede:
             for key in prefixes:
                 if key not in protected and self.owners.may_delete(key):

@@ -182,7 +182,8 @@ def create_app(state: ServerState) -> FastAPI:
         stream = await state.chat.start(chat_request, request)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_chunks(stream, state.model_id, include_usage),
+            return StreamingResponse(stream_chunks(stream, state.model_id, include_usage,
+                                                   context_of(request.scope).request_id),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:

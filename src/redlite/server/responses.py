@@ -74,7 +74,7 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
         store.put(response["id"], messages + [assistant_message(output)], response)
 
     async def stream(run: ChatRun, events: ResponseStream, body: ResponsesRequest,
-                     chat: ChatRequest) -> AsyncIterator[bytes]:
+                     chat: ChatRequest, request_id: str) -> AsyncIterator[bytes]:
         try:
             for event in events.start():
                 yield sse_event(event)
@@ -84,7 +84,7 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
                         for event in events.feed(piece):
                             yield sse_event(event)
             except APIError as error:
-                for event in events.fail(error.code or "server_error", error.message):
+                for event in events.fail(error.code or "server_error", error.message, request_id):
                     yield sse_event(event)
                 return
             finished, response = events.finish(run.output, run.usage)
@@ -115,7 +115,8 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
         run = ChatRun(state, request, chat)
         await run.start()
         if body.stream:
-            return StreamingResponse(stream(run, ResponseStream(meta, encrypted), body, chat),
+            return StreamingResponse(stream(run, ResponseStream(meta, encrypted), body, chat,
+                                                    context.request_id),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:

@@ -108,8 +108,13 @@ def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
                                  checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)),
                                  prefill_chunk=max(1, args.prefill_chunk),
                                  max_tokens=args.max_tokens if args.max_tokens > 0 else None)
+    if getattr(args, "warmup", True):
+        from redlite.engine.warmup import warm_up
+        warm_up(engine, tokenizer, max(1, args.prefill_chunk))
     if hasattr(tokenizer, "prompt_limit"):
         tokenizer.prompt_limit = engine.max_context  # refuse provably long chats before tokenizing
+    log.info("chat template: at least %d special tokens per user/assistant turn (for refusing "
+             "too-long chats before rendering)", getattr(tokenizer, "turn_tokens", 0))
     generator = Generator(engine, tokenizer, settings)
     # what saved files must match (fingerprints the weights: only when files are used)
     expected = expected_for(engine) if args.session_dir or args.slot_save_path else None
