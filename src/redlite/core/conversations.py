@@ -15,6 +15,11 @@
    ids and checkpoints replaced together; a tail entry's chain written after the prefix they
    share); a failed restore resets the engine and the request runs cold.
 
+Parked and saved entries carry the conversation's session key and its exact-replay turns
+(:mod:`redlite.core.replay`, once :meth:`Conversations.attach_replay` named the store): the
+turns its held ids hold are collected when it is parked or saved, put back into the store when
+it is restored, and the store is seeded from the disk tier's files at start.
+
 The Generator then plans reuse against the (possibly new) held state as usual. Nothing here
 raises into the request: failures are logged and end in a consistent (possibly empty) state.
 """
@@ -30,6 +35,7 @@ from redlite.core.live_state import install, reset
 from redlite.core.parker import Parker
 from redlite.core.parking import (LIVE, POOL_TIERS, Candidate, ParkedEntry, ParkingPool,
                                   choose_candidate, entry_usable, usable_prefix)
+from redlite.core.replay import ReplayStore
 from redlite.core.reuse import common_prefix_length
 from redlite.core.sessions import SessionStore
 
@@ -53,6 +59,22 @@ class Conversations(Parker):
         self.restores: dict[str, int] = {}
         self.restore_seconds: dict[str, float] = {}
         self._session: str | None = None  # the current request's session key
+
+    def attach_replay(self, store: ReplayStore) -> int:
+        """Use ``store`` for the exact-replay turns of parked and saved conversations, and
+        seed it with the turns of the indexed files (least recently used first, within its
+        budget). Returns the turns added."""
+        self.replay = store
+        if self.sessions is None:
+            return 0
+        turns = []
+        for entry in sorted(self.sessions.entries(), key=lambda e: e.last_used):
+            turns += entry.replay
+            entry.replay = []  # the store owns them now
+        added = store.restore(turns)
+        if turns:
+            log.info("replay: %d turns of saved conversations kept (%d in files)", added, len(turns))
+        return added
 
     # --- the candidate-selection step --------------------------------------------------------
 
@@ -100,6 +122,8 @@ class Conversations(Parker):
             if popped:  # its dependants now build on the live state, or lost their prefix
                 self.lineage.adopt(choice.key, installed)
             if installed:
+                if self.replay is not None and entry.replay:
+                    self.replay.restore(entry.replay)  # its turns: used again
                 seconds = time.perf_counter() - started
                 self.restores[choice.tier] = self.restores.get(choice.tier, 0) + 1
                 self.restore_seconds[choice.tier] = self.restore_seconds.get(choice.tier, 0.0) + seconds
@@ -117,8 +141,9 @@ class Conversations(Parker):
         can_rewind = engine.can_rewind
         candidates = [Candidate(LIVE, live_usable, "live", self._clock())]
         session = self._session
-        if self.pool is not None and session is not None:
-            for entry in self.pool.entries():
+        if session is not None:  # the session's own entries, RAM and disk, come first
+            tiers = [t for t in (self.pool, self.sessions) if t is not None]
+            for entry in (e for tier in tiers for e in tier.entries()):
                 if entry.session == session:
                     usable = entry_usable(entry, prompt, can_rewind)
                     candidates.append(Candidate(entry.key, usable, entry.tier, entry.last_used,

@@ -44,6 +44,15 @@ class Parker:
         self.lineage = Lineage(pool, spill=lambda entry, reason: self._spill(entry, reason, frozenset(),
                                                                              True))
         self._gen = None  # the generator of the running request (for spills of tail entries)
+        self.replay = None  # exact replay's turns (ReplayStore; Conversations.attach_replay)
+
+    def _with_turns(self, entry: ParkedEntry) -> ParkedEntry:
+        """``entry`` with the store's turns its held ids hold added to its own."""
+        if self.replay is not None:
+            found = self.replay.turns_in(entry.held_ids)
+            keys = {t.key for t in found}
+            entry.replay = [t for t in entry.replay if t.key not in keys] + found
+        return entry
 
     def before_cut(self, gen: "Generator", keep: int) -> None:
         """Called before the live state is cut to ``keep`` tokens or replaced (0): the one
@@ -100,7 +109,7 @@ class Parker:
         except Exception as error:
             log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
             return
-        self.park(entry, protected, engine.can_rewind, started, hashes)
+        self.park(self._with_turns(entry), protected, engine.can_rewind, started, hashes)
 
     def _superseded(self, held_ids: list[int], protected: frozenset, can_rewind: bool,
                     hashes: list[bytes] | None) -> list:
@@ -169,7 +178,7 @@ class Parker:
             except Exception as error:  # noqa: BLE001 - its prefix is gone: not saved
                 log.warning("save skipped %d tok reason=%s: %s", n, type(error).__name__, error)
                 return
-            self.sessions.save(whole, supersede=can_rewind, protected=protected)
+            self.sessions.save(self._with_turns(whole), supersede=can_rewind, protected=protected)
 
     # --- stop --------------------------------------------------------------------------------
 
@@ -206,6 +215,6 @@ class Parker:
                                 type(error).__name__, error)
                     continue
             with guard():
-                if self.sessions.save(entry, supersede=gen.engine.can_rewind) is not None:
+                if self.sessions.save(self._with_turns(entry), supersede=gen.engine.can_rewind) is not None:
                     saved += 1
         return saved

@@ -76,7 +76,9 @@ class ParkedEntry:
     tier: str = "ram"
     fill: Callable[[Any], bool] | None = None
     verify: Callable[[], None] | None = None
-    session: str | None = None  # the client's session key of the conversation (RAM only)
+    session: str | None = None  # the client's session key of the conversation (saved with it)
+    # the exact-replay turns (redlite.core.replay.GeneratedTurn) its held ids hold (saved with it)
+    replay: list = field(default_factory=list)
     # A tail entry (see redlite.core.forks): ``snapshot`` holds only tokens [base, len(held_ids))
     # (plus the end state), ``checkpoints`` only those past ``base``; the prefix [0, base) is the
     # state of ``parent``: LIVE (the live conversation) or the key of another pool entry.
