@@ -274,7 +274,8 @@ def markdown(results: dict, traces: list[dict], header: str) -> str:
              "TTFT sum in ms. New = tokens of the turn's prompt, rendered with every answer as generated, after "
              "its common prefix with the same session's previous prompt + answer (what the client added or "
              "edited; an answer sent back in another form is not new). Command: `python bench/agent.py --out "
-             "bench/results`; traces: `bench/make_traces.py`.", "", "| trace | turns | " + " | ".join(labels) + " |",
+             "bench/results` (options below); traces: `bench/make_traces.py`. TTFT sums are wall times on a "
+             "shared machine (2 cores, other jobs running): compare reuse, not time.", "", "| trace | turns | " + " | ".join(labels) + " |",
              "|---|---|" + "---|" * len(labels)]
     for t in traces:
         cells = []
@@ -345,16 +346,17 @@ def main() -> None:
     print("\n" + table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / (f"agent-{date}-{machine}" + (f"-{Path(args.model).stem}" if args.model else ""))
-        stem.with_suffix(".md").write_text(table)
+        model = f"-{Path(args.model).stem.replace('.', '-')}" if args.model else ""
+        stem = str(args.out / f"agent-{date}-{machine}{model}")
+        Path(stem + ".md").write_text(table)
         summary = {label: ({"n/a": r["n/a"]} if "n/a" in r else
                            {name: {"reuse_efficiency": v["reuse_efficiency"], "ttft_sum_ms": v["ttft_sum_ms"],
                                    "turns": v["turns"],
                                    "new": v["new"], "prefilled": v["prefilled"], "rows": v["rows"]}
                             for name, v in r.items()}) for label, r in results.items()}
-        stem.with_suffix(".json").write_text(json.dumps({"engine": engine, "date": date, "machine": machine,
+        Path(stem + ".json").write_text(json.dumps({"engine": engine, "date": date, "machine": machine,
                                                          "results": summary}, indent=1))
-        plot(results, traces, stem.with_suffix(".png"))
+        plot(results, traces, Path(stem + ".png"))
         print(f"wrote {stem}.md/.json/.png")
 
 
