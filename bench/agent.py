@@ -152,10 +152,11 @@ def new_tokens(client: httpx.Client, previous_ideal: list[dict] | None, ideal: l
 
 
 def replay(server: Server, trace: dict, model: str, redlite: bool, timeout_s: float = 600,
-           max_turns: int | None = None, context_limit: int | None = None) -> dict:
+           max_turns: int | None = None, context_limit: int | None = None,
+           max_tokens: int | None = None) -> dict:
     """Run one trace (its first ``max_turns`` turns; none from the first whose prompt + answer
-    cap passes ``context_limit`` tokens); per-turn rows and the trace's figures (``timeout_s``
-    per HTTP call)."""
+    cap passes ``context_limit`` tokens; answers of at most ``max_tokens``, asked in the
+    request); per-turn rows and the trace's figures (``timeout_s`` per HTTP call)."""
     sessions: dict[str, Session] = {}
     previous: dict[str, list[dict]] = {}
     rows = []
@@ -166,6 +167,9 @@ def replay(server: Server, trace: dict, model: str, redlite: bool, timeout_s: fl
             if context_limit and count_tokens(client, render_prompt(client, sent, trace["tools"])) > context_limit:
                 break
             path, body, headers = request_for(trace, turn, sent, model)
+            for key in ("max_tokens", "max_output_tokens"):  # llama-server's -n yields to these
+                if max_tokens and key in body:
+                    body[key] = min(body[key], max_tokens)
             started = time.perf_counter()
             response = client.post(path, json=body, headers=headers)
             elapsed_ms = (time.perf_counter() - started) * 1000
@@ -220,7 +224,7 @@ def run_all(args, traces: list[dict], results: dict | None = None) -> dict:
 
     def run(server, trace, redlite):
         result = replay(server, trace, model, redlite, max_turns=turns.get(trace["name"]),
-                        context_limit=limit)
+                        context_limit=limit, max_tokens=args.max_tokens)
         turns.setdefault(trace["name"], result["turns"])
         return result
 
