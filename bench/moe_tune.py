@@ -1,7 +1,7 @@
 """Launch settings of the fused mixture-of-experts decode step (redlite.layers.triton_moe) on a
 GPU: the Qwen3.5-35B-A3B block (256 experts, 8 per token, widths 512, hidden 2048) timed as a
 graph of one step per layer over distinct layers (so no weight comes from L2), for each pair
-of (block_n, num_warps) settings of the gate/up and the down kernel, against the bytes the
+of settings of the gate/up and the down kernel, against the bytes the
 step reads (router, shared expert, the 8 chosen experts). One process, about a minute.
 
 Usage: ``PYTHONPATH=src python3 bench/moe_tune.py [--out FILE.json]``; bench/hybrid.py runs
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu  # noqa: E402
 from hybrid_report import SHAPES  # noqa: E402
 
-GATE_UP = [(4, 4), (8, 4), (16, 8)]
-DOWN = [(4, 4), (8, 4)]
+GATE_UP = [(4, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8)]  # (block_n, block_k, num_warps)
+DOWN = [(4, 512, 4), (8, 256, 4)]  # (block_n, block_i, num_warps)
 
 
 def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> list[dict]:
