@@ -67,10 +67,32 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         best = min((r for r in rows if "gate_up" in r), key=lambda r: r["us_per_layer"])
         measure(f"gate/up {best['gate_up']} down {best['down']} pdl 1", triton_step(best["gate_up"], best["down"], 1),
                 gate_up=best["gate_up"], down=best["down"], pdl=1)
+        try:
+            rows.append(kernel_split(layers, triton_step(best["gate_up"], best["down"], 0), say))
+        except Exception as error:  # noqa: BLE001 - a profiler that does not run here
+            say(f"moe step kernel split: {type(error).__name__}: {error}")
     if apply:
         triton_moe.GATE_UP_CONFIG, triton_moe.DOWN_CONFIG = tuple(best["gate_up"]), tuple(best["down"])
         say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}")
     return rows
+
+
+def kernel_split(layers, step, say=print, reps: int = 5) -> dict:
+    """Microseconds per layer of each kernel of ``step`` (CUDA kernel durations from
+    torch.profiler, launch gaps excluded) over ``reps`` passes of ``layers``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for m, x, nw in layers:
+                step(m, x, nw)
+        torch.cuda.synchronize()
+    per = {}
+    for event in prof.key_averages():
+        if event.device_type.name == "CUDA" and event.count:
+            per[event.key] = event.device_time_total / (reps * len(layers))
+    say("moe step kernels (us per layer): " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in sorted(per.items())))
+    return {"variant": "kernel split of the best (us per layer)", "kernels_us": per}
 
 
 def main() -> None:
