@@ -3,7 +3,10 @@ after a known sequence of requests the counters are exactly what the server did.
 
 from prometheus_client.parser import text_string_to_metric_families
 
+import pytest
+
 from echo_app import echo_client
+from redlite.server.metrics import MOVE_BUCKETS
 
 
 def samples(client) -> dict:
@@ -20,6 +23,24 @@ def samples(client) -> dict:
 
 def value(metrics, name, **labels):
     return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
+
+def moves(metrics, kind) -> dict:
+    """Observations per tier of ``redlite_{kind}_seconds`` (its ``_count``)."""
+    return {tier: value(metrics, f"redlite_{kind}_seconds_count", tier=tier)
+            for tier in ("device", "ram", "disk")}
+
+
+def recorded(parking) -> list:
+    """Record the ``on_timing`` calls the metrics also receive."""
+    calls, observe = [], parking.on_timing
+
+    def both(kind, tier, seconds):
+        calls.append((kind, tier, seconds))
+        observe(kind, tier, seconds)
+
+    parking.on_timing = both
+    return calls
+
 
 def complete(client, prompt, max_tokens=4):
     response = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens})
@@ -51,9 +72,10 @@ def test_counters_after_a_known_sequence():
     assert value(m, "redlite_cache_misses_total", action="reset", reason="token-mismatch") == 1
     # the restored conversation held 3 generated tokens the new prompt does not have
     assert value(m, "redlite_cache_misses_total", action="rewind", reason="token-mismatch") == 1
-    assert value(m, "redlite_restores_total", tier="ram") == 1
-    assert value(m, "redlite_restores_total", tier="disk") == 0
-    assert value(m, "redlite_restore_seconds_total", tier="ram") > 0
+    # the first parked when the second came, the second when the first came back
+    assert moves(m, "restore") == {"device": 0, "ram": 1, "disk": 0}
+    assert moves(m, "park") == {"device": 0, "ram": 2, "disk": 0}
+    assert value(m, "redlite_restore_seconds_sum", tier="ram") > 0
     # live: the third prompt + 3 fed-back tokens; RAM: the first (24 + 3) and second (16 + 3)
     assert value(m, "redlite_conversations", tier="live") == 1
     assert value(m, "redlite_conversation_tokens", tier="live") == 29 + 3
@@ -113,11 +135,16 @@ def test_disk_tier_restores_and_refusals(tmp_path):
     from redlite.core.sessions import SessionStore, expected_for
 
     (tmp_path / "rl-00000000000000ab.rlsession").write_bytes(b"not a session file")
-    with echo_client() as client:
-        generator = client.state.worker.generator
-        store = SessionStore(tmp_path, expected_for(generator.engine), min_tokens=1)
-        store.scan()  # refuses the bad file
-        generator.parking = Conversations(ParkingPool(64, 4), store)  # RAM too small: disk
+    stores = []
+
+    def parking(engine):
+        stores.append(SessionStore(tmp_path, expected_for(engine), min_tokens=1))
+        stores[0].scan()  # refuses the bad file
+        return Conversations(ParkingPool(64, 4), stores[0])  # RAM too small: disk
+
+    with echo_client(parking=parking) as client:
+        store = stores[0]
+        calls = recorded(client.state.worker.generator.parking)
         first = complete(client, "a first conversation about parsers")
         complete(client, "something else entirely")
         again = complete(client, "a first conversation about parsers, continued")
@@ -125,8 +152,18 @@ def test_disk_tier_restores_and_refusals(tmp_path):
         listed = client.get("/v1/conversations").json()
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
     assert again["prompt_tokens_details"]["cached_tokens"] == len("a first conversation about parsers")
-    assert value(m, "redlite_restores_total", tier="disk") == 1
-    assert value(m, "redlite_restores_total", tier="ram") == 0
+    # the first written when the second came, the second when the first came back
+    assert moves(m, "restore") == {"device": 0, "ram": 0, "disk": 1}
+    assert moves(m, "park") == {"device": 0, "ram": 0, "disk": 2}
+    # the live conversation is parked before the chosen one is installed
+    assert [(kind, tier) for kind, tier, _ in calls] == [("save", "disk"), ("save", "disk"),
+                                                         ("restore", "disk")]
+    for kind, name in (("save", "park"), ("restore", "restore")):
+        seconds = [s for k, _, s in calls if k == kind]
+        assert value(m, f"redlite_{name}_seconds_sum", tier="disk") == pytest.approx(sum(seconds))
+        for bound in MOVE_BUCKETS:
+            assert value(m, f"redlite_{name}_seconds_bucket", tier="disk", le=repr(float(bound))) \
+                == sum(s <= bound for s in seconds)
     assert value(m, "redlite_session_file_refusals_total") == 1
     disk = [c for c in listed["data"] if c["tier"] == "disk"]
     assert len(disk) == value(m, "redlite_conversations", tier="disk") >= 1
@@ -145,3 +182,26 @@ def test_session_keys_in_conversations():
         chat(client, "agent-b", "agent b asks something else")
         listed = client.get("/v1/conversations").json()["data"]
     assert [(c["tier"], c["session_key"]) for c in listed] == [("live", "agent-b"), ("ram", "agent-a")]
+
+
+def test_device_tier_parks_and_restores():
+    from redlite.core.conversations import Conversations
+    from redlite.core.parking import ParkingPool
+    from redlite.engine.echo import EchoEngine
+
+    def parking(engine):
+        return Conversations(ParkingPool(1 << 20, 4, device_budget_bytes=1 << 20), None)
+
+    with echo_client(engine=EchoEngine(device_resident=True), parking=parking) as client:
+        calls = recorded(client.state.worker.generator.parking)
+        complete(client, "conversation one, on the device")
+        complete(client, "conversation two")                         # parks one on the device
+        again = complete(client, "conversation one, on the device again")  # restores it
+        m = samples(client)
+    assert again["prompt_tokens_details"]["cached_tokens"] == len("conversation one, on the device")
+    assert moves(m, "restore") == {"device": 1, "ram": 0, "disk": 0}
+    assert moves(m, "park") == {"device": 2, "ram": 0, "disk": 0}
+    assert [(kind, tier) for kind, tier, _ in calls] == [("park", "device"), ("park", "device"),
+                                                         ("restore", "device")]
+    restore = [s for kind, _, s in calls if kind == "restore"]
+    assert value(m, "redlite_restore_seconds_sum", tier="device") == pytest.approx(sum(restore))

@@ -122,17 +122,18 @@ class Conversations:
     """The parking tiers of one generator: ``pool`` (RAM, may be None) and ``sessions``
     (disk, may be None). Used from the engine worker thread only.
 
-    restores / restore_seconds: successful restores and the seconds they took, per tier
-    (``ram``, ``disk``), for the metrics (read from other threads)."""
+    on_timing: None, or ``on_timing(kind, tier, seconds)`` called on the worker thread after
+    each successful ``restore`` (tier ``device``, ``ram`` or ``disk``: where the entry was),
+    ``park`` (tier ``device`` or ``ram``: capture + admission) and ``save`` (tier ``disk``: a
+    session file written). timer: the monotonic clock of those seconds."""
 
     def __init__(self, pool: ParkingPool | None, sessions: SessionStore | None,
-                 clock=time.time) -> None:
-        self.pool, self.sessions, self._clock = pool, sessions, clock
+                 clock=time.time, timer=time.perf_counter) -> None:
+        self.pool, self.sessions, self._clock, self._timer = pool, sessions, clock, timer
+        self.on_timing = None
         self.lineage = Lineage(pool, spill=lambda entry, reason: self._spill(entry, reason, frozenset(),
                                                                              True))
         self._gen = None  # the generator of the running selection (for spills of tail entries)
-        self.restores: dict[str, int] = {}
-        self.restore_seconds: dict[str, float] = {}
         self._session: str | None = None  # the current request's session key
 
     # --- the candidate-selection step --------------------------------------------------------
@@ -174,7 +175,7 @@ class Conversations:
                 if self._live_would_lose(gen, live_common, kept):
                     self.park_live(gen, frozenset(), keep=kept)
                 return
-            started = time.perf_counter()
+            started = self._timer()
             entry = self._fetch(choice)
             if entry is None:
                 continue
@@ -187,9 +188,8 @@ class Conversations:
             if popped:  # its dependants now build on the live state, or lost their prefix
                 self.lineage.adopt(choice.key, installed)
             if installed:
-                seconds = time.perf_counter() - started
-                self.restores[choice.tier] = self.restores.get(choice.tier, 0) + 1
-                self.restore_seconds[choice.tier] = self.restore_seconds.get(choice.tier, 0.0) + seconds
+                seconds = self._timer() - started
+                self._timed("restore", "device" if entry.on_device else choice.tier, seconds)
                 tail = f" tail [{entry.base}, {len(entry.held_ids)})" if entry.is_tail else ""
                 log.info("%s restored from %s %d tok in %.1f ms (usable %d)%s%s", request_id,
                          choice.tier, len(entry.held_ids), seconds * 1000.0, choice.usable, tail,
@@ -266,7 +266,7 @@ class Conversations:
         (engines with device memory), else in host memory. The size is checked first
         (``Engine.range_nbytes``): a state that neither the pool would admit nor the disk tier
         would take is dropped without being copied."""
-        started = time.perf_counter()
+        started = self._timer()
         self._gen = gen
         n = len(gen.held_ids)
         if keep >= n:
@@ -349,7 +349,10 @@ class Conversations:
         self.pool.add(entry)
         if entry.parent == LIVE or entry.base == 0:  # it holds a copy of the live state
             self.lineage.release_live(self._gen, entry.base, heir=entry) if self._gen else None
-        ms = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
+        seconds = self._timer() - started if started is not None else 0.0
+        if started is not None:
+            self._timed("park", "device" if entry.on_device else "ram", seconds)
+        ms = seconds * 1000.0
         log.info("parked %d tok (%d bytes) in %.1f ms: tokens [%d, %d) tier=%s; ram pool %d "
                  "entries, %d bytes host, %d bytes device", n - entry.base, entry.nbytes, ms,
                  entry.base, n, "device" if entry.on_device else "ram", len(self.pool),
@@ -369,7 +372,16 @@ class Conversations:
             except Exception as error:  # noqa: BLE001 - its prefix is gone: not saved
                 log.warning("save skipped %d tok reason=%s: %s", n, type(error).__name__, error)
                 return
-            self.sessions.save(whole, supersede=can_rewind, protected=protected)
+            started = self._timer()
+            if self.sessions.save(whole, supersede=can_rewind, protected=protected) is not None:
+                self._timed("save", "disk", self._timer() - started)
+
+    def _timed(self, kind: str, tier: str, seconds: float) -> None:
+        if self.on_timing is not None:
+            try:
+                self.on_timing(kind, tier, seconds)
+            except Exception:  # noqa: BLE001 - counting never fails a conversation move
+                log.exception("timing listener failed")
 
     # --- stop --------------------------------------------------------------------------------
 
@@ -407,6 +419,8 @@ class Conversations:
                                 type(error).__name__, error)
                     continue
             with guard():
+                started = self._timer()
                 if self.sessions.save(entry, supersede=gen.engine.can_rewind) is not None:
+                    self._timed("save", "disk", self._timer() - started)
                     saved += 1
         return saved
