@@ -87,8 +87,11 @@ def test_dashboard_shows_the_conversations(tmp_path):
         server.should_exit = True
         thread.join(10)
         state.worker.shutdown(wait_s=2.0)
-    assert [r[:5] for r in rows] == [[c["id"], c["tier"], "-", str(c["tokens"]), str(c["bytes"])]
+    assert [r[:7] for r in rows] == [[c["id"], c["tier"], "-", str(c["tokens"]), str(c["bytes"]),
+                                     str(len(c["checkpoints"])), str(c["hits"])]
                                     for c in expected["data"]]
+    # the third request reused the first conversation: live, 1 hit; the second never reused
+    assert [c["hits"] for c in expected["data"]] == [1, 0, 0]
     assert [r[:4] for r in tiers] == [[tier, str(t["conversations"]), str(t["tokens"]), str(t["bytes"])]
                                       for tier, t in expected["tiers"].items()]
     assert [r[1:4] for r in shown_recent] == [[str(q["prompt"]), str(q["reused"]), str(q["prefilled"])]

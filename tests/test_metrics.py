@@ -117,7 +117,7 @@ def test_conversations_slots_and_dashboard_data_match_the_metrics():
         assert totals["bytes"] == value(m, "redlite_conversation_bytes", tier=tier)
     assert conversations["tiers"]["ram"]["budget_bytes"] == 1 << 20
     assert slots == [{"id": 0, "id_task": -1, "n_ctx": 1 << 20, "is_processing": False,
-                      "n_past": live["tokens"], "checkpoints": []}]
+                      "n_past": live["tokens"], "checkpoints": [], "hits": 0}]
     assert [r["prompt"] for r in data["recent"]] == [23, 10]
     assert data["outcomes"] == {"empty": 1, "token-mismatch": 1}
 
@@ -168,6 +168,7 @@ def test_disk_tier_restores_and_refusals(tmp_path):
     disk = [c for c in listed["data"] if c["tier"] == "disk"]
     assert len(disk) == value(m, "redlite_conversations", tier="disk") >= 1
     assert sum(c["bytes"] for c in disk) == value(m, "redlite_conversation_bytes", tier="disk") > 0
+    assert [c["hits"] for c in disk] == [None] * len(disk)  # files do not keep it
     assert listed["tiers"]["disk"]["budget_bytes"] == store.max_bytes
 
 
@@ -205,3 +206,22 @@ def test_device_tier_parks_and_restores():
                                                          ("restore", "device")]
     restore = [s for kind, _, s in calls if kind == "restore"]
     assert value(m, "redlite_restore_seconds_sum", tier="device") == pytest.approx(sum(restore))
+
+
+def test_hits_follow_each_conversation_through_parking():
+    def listing(client):
+        return [(c["tier"], c["tokens"], c["hits"]) for c in client.get("/v1/conversations").json()["data"]]
+
+    with echo_client() as client:
+        seen = []
+        for prompt in ("alpha conversation", "alpha conversation", "beta talk", "alpha conversation"):
+            complete(client, prompt)  # the echo answers "alph" / "beta": 3 tokens fed back
+            seen.append(listing(client))
+        slots = client.get("/slots").json()
+    assert seen == [
+        [("live", 21, 0)],                                  # cold
+        [("live", 21, 1), ("ram", 21, 0)],                  # reused (17 tok); the answer's tail parked
+        [("live", 12, 0), ("ram", 21, 1)],                  # new; alpha parked with its hit
+        [("live", 21, 2), ("ram", 21, 1), ("ram", 12, 0)],  # alpha restored (a copy stays parked)
+    ]
+    assert slots[0]["hits"] == 2

@@ -56,7 +56,7 @@ def capture(gen: "Generator", key: Hashable, now: float) -> ParkedEntry:
             checkpoints.append(ParkedCheckpoint(c.position, c.turn_boundary,
                                                 tensor_nbytes(tensors), tensors, meta))
     return ParkedEntry(key, list(gen.held_ids), snapshot, checkpoints, now, now,
-                       session=getattr(gen, "session_key", None))
+                       session=getattr(gen, "session_key", None), hits=gen.hits)
 
 
 def capture_tail(gen: "Generator", key: Hashable, now: float, keep: int,
@@ -69,7 +69,7 @@ def capture_tail(gen: "Generator", key: Hashable, now: float, keep: int,
     checkpoints = [parked_checkpoint(engine, c, on_device) for c in gen.checkpoints.items()
                    if c.position > keep]
     return ParkedEntry(key, list(gen.held_ids), snapshot, checkpoints, now, now,
-                       session=getattr(gen, "session_key", None), base=keep,
+                       session=getattr(gen, "session_key", None), hits=gen.hits, base=keep,
                        parent=LIVE if keep > 0 else None, on_device=on_device)
 
 
@@ -94,6 +94,7 @@ def install(gen: "Generator", entry: ParkedEntry) -> bool:
         gen.checkpoints.clear()
         for checkpoint in checkpoints:
             gen.checkpoints.add(checkpoint)
+        gen.hits = entry.hits
         gen.failed = False
         return True
     except Exception as error:  # a failed restore never fails the request: run cold
@@ -114,6 +115,7 @@ def reset(gen: "Generator") -> int:
     gen.engine.reset()
     gen.held_ids = []
     gen.checkpoints.clear()
+    gen.hits = 0
     gen.failed = False
     return held
 
@@ -207,6 +209,7 @@ class Conversations:
         gen.failed = True
         try:
             self.lineage.install(gen, entry)
+            gen.hits = entry.hits
             gen.failed = False
             return True
         except Exception as error:  # a failed restore never fails the request: run cold

@@ -78,6 +78,7 @@ class ParkedEntry:
     fill: Callable[[Any], bool] | None = None
     verify: Callable[[], None] | None = None
     session: str | None = None  # the client's session key of the conversation (RAM only)
+    hits: int = 0  # requests that reused this conversation's state (RAM only; files: 0)
     # A tail entry (see redlite.core.forks): ``snapshot`` holds only tokens [base, len(held_ids))
     # (plus the end state), ``checkpoints`` only those past ``base``; the prefix [0, base) is the
     # state of ``parent``: LIVE (the live conversation) or the key of another pool entry.

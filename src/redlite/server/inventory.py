@@ -5,8 +5,10 @@ Tiers: ``live`` (the engine's state, on the device), ``ram`` (the parking pool i
 memory), ``disk`` (session files). Read from the engine worker's objects without a lock: the
 worker may change them meanwhile, so a read that races a change is retried (a snapshot is a
 few list copies, no per-token work). Bytes: engine state + checkpoints (live), entry payload
-(ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: None). ``session_key``: the client's
-session key of the conversation (live and RAM; files do not keep it: None).
+(ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: None).
+``session_key``: the client's session key of the conversation; ``hits``: how many requests
+reused its held state (both live and RAM; files keep neither: None; a conversation read back
+from a file counts from 0).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 
 
 def _conversation(tier: str, key: Any, tokens: int, nbytes: int, checkpoints: list[int],
-                  last_used: float | None, session_key: str | None = None) -> dict:
+                  last_used: float | None, session_key: str | None = None,
+                  hits: int | None = None) -> dict:
     return {"id": str(key), "tier": tier, "session_key": session_key, "tokens": int(tokens),
             "bytes": int(nbytes), "checkpoints": [int(p) for p in checkpoints],
-            "last_used": last_used}
+            "last_used": last_used, "hits": hits}
 
 
 def _read(generator: Any) -> list[dict]:
@@ -30,13 +33,14 @@ def _read(generator: Any) -> list[dict]:
         live_bytes = int(engine.state_nbytes()) + sum(
             int(getattr(c, "nbytes", 0)) for c in generator.checkpoints.items())
         out.append(_conversation("live", "live", held, live_bytes, positions, None,
-                                 getattr(generator, "session_key", None)))
+                                 getattr(generator, "session_key", None),
+                                 getattr(generator, "hits", None)))
     parking = getattr(generator, "parking", None)
     pool = getattr(parking, "pool", None)
     for entry in (pool.entries() if pool is not None else []):
         out.append(_conversation("ram", entry.key, len(entry.held_ids), entry.nbytes,
-                                 entry.checkpoint_positions, entry.last_used,
-                                 getattr(entry, "session", None)))
+                                 entry.checkpoint_positions, entry.last_used, entry.session,
+                                 entry.hits))
     sessions = getattr(parking, "sessions", None)
     for entry in (sessions.entries() if sessions is not None else []):
         out.append(_conversation("disk", entry.key, len(entry.held_ids), entry.nbytes,
