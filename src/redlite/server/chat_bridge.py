@@ -19,7 +19,8 @@ from typing import AsyncIterator
 from fastapi import Request
 
 from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
-from redlite.server.chat_service import ChatStream, watch_disconnect
+from redlite.server.chat_service import ChatStream
+from redlite.server.jobs import watch_disconnect
 from redlite.server.wire_common import Usage
 
 
