@@ -46,6 +46,14 @@ class ChatRun:
         self.prompt_tokens = self._stream.prompt_tokens
         self._watcher = asyncio.ensure_future(watch_disconnect(self.http_request, self._stream))
 
+    async def finish(self) -> None:
+        """Run to the end (a non-streamed answer: ``output`` and ``usage`` set), then close."""
+        try:
+            async for _ in self:
+                pass
+        finally:
+            self.close()
+
     def close(self) -> None:
         """Stop watching the client; cancel the job if it still runs (client gone)."""
         if self._watcher is not None:
