@@ -199,6 +199,7 @@ def test_device_tier_parks_and_restores():
         complete(client, "conversation two")                         # parks one on the device
         again = complete(client, "conversation one, on the device again")  # restores it
         m = samples(client)
+        listed = client.get("/v1/conversations").json()
     assert again["prompt_tokens_details"]["cached_tokens"] == len("conversation one, on the device")
     assert moves(m, "restore") == {"device": 1, "ram": 0, "disk": 0}
     assert moves(m, "park") == {"device": 2, "ram": 0, "disk": 0}
@@ -206,6 +207,14 @@ def test_device_tier_parks_and_restores():
                                                          ("restore", "device")]
     restore = [s for kind, _, s in calls if kind == "restore"]
     assert value(m, "redlite_restore_seconds_sum", tier="device") == pytest.approx(sum(restore))
+    # parked on the device: listed in the device tier, against --park-device-mib
+    assert [c["tier"] for c in listed["data"]] == ["live", "device", "device"]
+    device = listed["tiers"]["device"]
+    assert device["budget_bytes"] == 1 << 20 == value(m, "redlite_tier_budget_bytes", tier="device")
+    assert device["conversations"] == 2 == value(m, "redlite_conversations", tier="device")
+    assert device["bytes"] == sum(c["bytes"] for c in listed["data"][1:]) \
+        == value(m, "redlite_conversation_bytes", tier="device") > 0
+    assert listed["tiers"]["ram"]["conversations"] == 0
 
 
 def test_hits_follow_each_conversation_through_parking():

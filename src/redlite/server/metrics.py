@@ -13,7 +13,8 @@ apps). Counted once per request, when the access middleware ends it (no per-toke
   (:class:`redlite.core.reuse.ReusePlan`), first choices only.
 
 Read at scrape time from the worker's objects (:mod:`redlite.server.inventory`):
-``redlite_conversations{tier}``, ``redlite_conversation_tokens{tier}``,
+``redlite_conversations{tier}`` (tier ``live``, ``device``, ``ram``, ``disk``: see
+:mod:`redlite.server.inventory`), ``redlite_conversation_tokens{tier}``,
 ``redlite_conversation_bytes{tier}``, ``redlite_tier_budget_bytes{tier}``,
 ``redlite_queue_depth``, ``redlite_running_sequences``, ``redlite_session_file_refusals_total``.
 
@@ -39,7 +40,6 @@ from redlite.server import inventory
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-TIERS = ("live", "ram", "disk")
 MOVE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                 5.0, 10.0, 30.0)
 PARK_TIERS = ("device", "ram", "disk")
@@ -68,7 +68,7 @@ class _StateCollector:
             GaugeMetricFamily("redlite_conversation_tokens", "Tokens held per tier", labels=["tier"]),
             GaugeMetricFamily("redlite_conversation_bytes", "Bytes held per tier", labels=["tier"]),
         ]
-        for tier in TIERS:
+        for tier in inventory.TIERS:
             for family, value in zip(families, totals[tier]):
                 family.add_metric([tier], value)
         yield from families
