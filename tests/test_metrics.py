@@ -55,6 +55,7 @@ def test_counters_after_a_known_sequence():
         assert client.get("/nope").status_code == 404
         assert client.post("/v1/completions", json={"prompt": ""}).status_code == 400
         m = samples(client)
+        reuse = client.get("/dashboard/data").json()["reuse"]
     usages = [first, other, again]
     assert value(m, "redlite_requests_total", route="/v1/completions", method="POST", status="200") == 3
     assert value(m, "redlite_requests_total", route="/v1/completions", method="POST", status="400") == 1
@@ -62,6 +63,8 @@ def test_counters_after_a_known_sequence():
     prompt = sum(u["prompt_tokens"] for u in usages)
     reused = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
     assert (prompt, reused) == (24 + 16 + 29, 24)
+    assert reuse == {"requests": 3, "reused_requests": 1, "prompt_tokens": prompt,
+                     "reused_tokens": reused}
     assert value(m, "redlite_tokens_total", kind="prompt") == prompt
     assert value(m, "redlite_tokens_total", kind="reused") == reused
     assert value(m, "redlite_tokens_total", kind="prefilled") == prompt - reused
@@ -120,12 +123,14 @@ def test_conversations_slots_and_dashboard_data_match_the_metrics():
                       "n_past": live["tokens"], "checkpoints": [], "hits": 0}]
     assert [r["prompt"] for r in data["recent"]] == [23, 10]
     assert data["outcomes"] == {"empty": 1, "token-mismatch": 1}
+    assert data["reuse"] == {"requests": 2, "reused_requests": 0, "prompt_tokens": 33,
+                             "reused_tokens": 0}
 
 def test_no_metrics_has_no_route_and_counts_nothing():
     with echo_client(metrics=False) as client:
         complete(client, "abc")
         assert client.get("/metrics").status_code == 404
-        assert client.get("/dashboard/data").json() == {"recent": [], "outcomes": {}}
+        assert client.get("/dashboard/data").json() == {"recent": [], "outcomes": {}, "reuse": {}}
         assert client.get("/v1/conversations").status_code == 200
 
 

@@ -94,7 +94,7 @@ def install(gen: "Generator", entry: ParkedEntry) -> bool:
         gen.checkpoints.clear()
         for checkpoint in checkpoints:
             gen.checkpoints.add(checkpoint)
-        gen.hits = entry.hits
+        gen.hits, gen.session_key = entry.hits, entry.session
         gen.failed = False
         return True
     except Exception as error:  # a failed restore never fails the request: run cold
@@ -115,7 +115,7 @@ def reset(gen: "Generator") -> int:
     gen.engine.reset()
     gen.held_ids = []
     gen.checkpoints.clear()
-    gen.hits = 0
+    gen.hits, gen.session_key = 0, None
     gen.failed = False
     return held
 
@@ -209,7 +209,7 @@ class Conversations:
         gen.failed = True
         try:
             self.lineage.install(gen, entry)
-            gen.hits = entry.hits
+            gen.hits, gen.session_key = entry.hits, entry.session
             gen.failed = False
             return True
         except Exception as error:  # a failed restore never fails the request: run cold

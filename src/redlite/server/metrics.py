@@ -96,10 +96,11 @@ class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, state: Any, recent: int = 50) -> None:
-        # for the dashboard: the last requests that generated, and first choices per outcome
-        # (``extend``, or the miss reason)
+        # for the dashboard: the last requests that generated, first choices per outcome
+        # (``extend``, or the miss reason), and reuse totals (requests, tokens)
         self.recent: deque = deque(maxlen=recent)
         self.outcomes: Tally = Tally()
+        self.reuse: Tally = Tally(requests=0, reused_requests=0, prompt_tokens=0, reused_tokens=0)
         self.registry = registry = CollectorRegistry()
         self.requests = Counter("redlite_requests", "HTTP requests by route and status",
                                 ["route", "method", "status"], registry=registry)
@@ -153,6 +154,9 @@ class ServerMetrics:
             if reason is not None:
                 self.misses.labels(plan.action.value, reason).inc()
             self.outcomes[reason or "extend"] += 1
+            self.reuse.update(requests=1, reused_requests=int(result.cached_tokens > 0),
+                              prompt_tokens=result.prompt_tokens,
+                              reused_tokens=result.cached_tokens)
             self.recent.append({"route": route_of(scope), "status": status,
                                 "prompt": result.prompt_tokens, "reused": result.cached_tokens,
                                 "prefilled": result.prompt_tokens - result.cached_tokens,

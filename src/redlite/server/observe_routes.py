@@ -1,7 +1,8 @@
 """Routes for operators (issue 21): ``GET /metrics`` (Prometheus text, only with metrics on),
 ``GET /v1/conversations``, ``GET /slots`` (llama.cpp's shape, for the live conversation),
 ``GET /dashboard`` (a static page from the package) and ``GET /dashboard/data`` (its recent
-requests and outcomes; needs metrics on, else empty lists).
+requests, outcomes and reuse totals ``{requests, reused_requests, prompt_tokens,
+reused_tokens}`` over first choices; needs metrics on, else empty).
 
 ``/v1/conversations``::
 
@@ -78,5 +79,6 @@ def mount_observe_routes(app: FastAPI, state: Any, metrics: Any) -> None:
     @app.get("/dashboard/data")
     async def dashboard_data() -> dict:
         if metrics is None:
-            return {"recent": [], "outcomes": {}}
-        return {"recent": list(metrics.recent), "outcomes": dict(metrics.outcomes)}
+            return {"recent": [], "outcomes": {}, "reuse": {}}
+        return {"recent": list(metrics.recent), "outcomes": dict(metrics.outcomes),
+                "reuse": dict(metrics.reuse)}
