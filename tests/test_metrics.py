@@ -239,3 +239,18 @@ def test_hits_follow_each_conversation_through_parking():
         [("live", 21, 2), ("ram", 21, 1), ("ram", 12, 0)],  # alpha restored (a copy stays parked)
     ]
     assert slots[0]["hits"] == 2
+
+
+def test_slot_erase_ends_the_count(tmp_path):
+    with echo_client(slot_dir=tmp_path) as client:
+        complete(client, "alpha conversation")
+        complete(client, "alpha conversation")
+        assert client.get("/slots").json()[0]["hits"] == 1
+        r = client.post("/slots/0?action=erase", json={"filename": "x.bin"})
+        assert r.status_code == 200, r.text
+        assert client.get("/slots").json()[0]["hits"] == 0
+        # the answer's tail parked by the second request was made whole when the slot was
+        # erased (parked with the count of its time, 0): restored from RAM, it is reused once
+        complete(client, "alpha conversation")
+        assert client.get("/slots").json()[0]["hits"] == 1
+        assert [c["hits"] for c in client.get("/v1/conversations").json()["data"]] == [1, 0]
