@@ -119,6 +119,9 @@ def test_conversations_slots_and_dashboard_data_match_the_metrics():
         assert totals["conversations"] == value(m, "redlite_conversations", tier=tier)
         assert totals["bytes"] == value(m, "redlite_conversation_bytes", tier=tier)
     assert conversations["tiers"]["ram"]["budget_bytes"] == 1 << 20
+    # an engine without device memory: no device budget (none in the metrics either)
+    assert conversations["tiers"]["device"]["budget_bytes"] is None
+    assert ("redlite_tier_budget_bytes", (("tier", "device"),)) not in m
     assert slots == [{"id": 0, "id_task": -1, "n_ctx": 1 << 20, "is_processing": False,
                       "n_past": live["tokens"], "checkpoints": [], "hits": 0}]
     assert [r["prompt"] for r in data["recent"]] == [23, 10]

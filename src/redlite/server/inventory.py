@@ -64,13 +64,14 @@ def conversations(generator: Any, attempts: int = 5) -> list[dict]:
 
 def budgets(generator: Any) -> dict[str, int | None]:
     """Byte budget per tier (None: unbounded or tier absent): ``device``
-    ``--park-device-mib``, ``ram`` ``--park-mib``, ``disk`` ``--session-max-gb``; ``live``
-    None (the engine's state is preallocated)."""
+    ``--park-device-mib`` (None for an engine without device memory), ``ram`` ``--park-mib``,
+    ``disk`` ``--session-max-gb``; ``live`` None (the engine's state is preallocated)."""
     parking = getattr(generator, "parking", None)
     pool = getattr(parking, "pool", None)
     sessions = getattr(parking, "sessions", None)
+    on_device = pool is not None and getattr(generator.engine, "device_resident", False)
     return {"live": None,
-            "device": pool.device_budget_bytes if pool is not None else None,
+            "device": pool.device_budget_bytes if on_device else None,
             "ram": pool.budget_bytes if pool is not None else None,
             "disk": sessions.max_bytes if sessions is not None else None}
 
