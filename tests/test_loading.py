@@ -199,7 +199,7 @@ def test_directory_holding_one_gguf_is_that_gguf(
 def test_failed_conversion_leaves_no_cache(
     bundled_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def half_conversion(source: Path, out_dir: Path) -> None:
+    def half_conversion(source: Path, out_dir: Path, progress=None) -> None:
         (Path(out_dir) / "config.json").write_text("{}")
         (Path(out_dir) / "model.safetensors").write_bytes(b"partial")
         raise KeyboardInterrupt  # as if the process were interrupted mid-write

@@ -194,14 +194,7 @@ def test_session_keys_in_conversations():
 
 
 def test_device_tier_parks_and_restores():
-    from redlite.core.conversations import Conversations
-    from redlite.core.parking import ParkingPool
-    from redlite.engine.echo import EchoEngine
-
-    def parking(engine):
-        return Conversations(ParkingPool(1 << 20, 4, device_budget_bytes=1 << 20), None)
-
-    with echo_client(engine=EchoEngine(device_resident=True), parking=parking) as client:
+    with echo_client(park_device_bytes=1 << 20) as client:
         calls = recorded(client.state.worker.generator.parking)
         complete(client, "conversation one, on the device")
         complete(client, "conversation two")                         # parks one on the device
@@ -257,3 +250,27 @@ def test_slot_erase_ends_the_count(tmp_path):
         complete(client, "alpha conversation")
         assert client.get("/slots").json()[0]["hits"] == 1
         assert [c["hits"] for c in client.get("/v1/conversations").json()["data"]] == [1, 0]
+
+
+def test_tails_kept_on_the_device_are_the_device_tier():
+    """--park-device-mib: a parked state kept in device memory is reported as tier ``device``
+    (listing, totals, budget, metrics, restores), one in host memory as ``ram``."""
+    with echo_client(park_device_bytes=600) as client:
+        complete(client, "first conversation here")    # 26 tok held: 26 * 16 bytes fit the device
+        complete(client, "second conversation, longer")  # parks the first on the device
+        complete(client, "third")                       # the device is full: the second to RAM
+        listed = client.get("/v1/conversations").json()
+        m = samples(client)
+        complete(client, "first conversation here and more")  # restored from the device
+        after = samples(client)
+    assert [c["tier"] for c in listed["data"]] == ["live", "device", "ram"]
+    device = listed["data"][1]
+    assert device["tokens"] == len("first conversation here") + 3
+    assert listed["tiers"]["device"] == {"conversations": 1, "tokens": device["tokens"],
+                                         "bytes": device["bytes"], "budget_bytes": 600}
+    assert listed["tiers"]["ram"]["conversations"] == 1
+    for tier in ("live", "device", "ram"):
+        assert value(m, "redlite_conversations", tier=tier) == 1
+        assert value(m, "redlite_conversation_bytes", tier=tier) == listed["tiers"][tier]["bytes"]
+    assert value(m, "redlite_tier_budget_bytes", tier="device") == 600
+    assert moves(after, "restore") == {"device": 1, "ram": 0, "disk": 0}

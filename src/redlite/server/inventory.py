@@ -1,15 +1,15 @@
 """The conversations the server holds, read at request time (``GET /v1/conversations``,
 ``GET /slots``, the metrics collector).
 
-Tiers: ``live`` (the engine's state), ``device`` (parked in the engine's device memory,
-``--park-device-mib``), ``ram`` (parked in host memory, ``--park-mib``), ``disk`` (session
-files). Read from the engine worker's objects without a lock: the
+Tiers (:data:`TIERS`): ``live`` (the engine's state, on the device), ``device`` and ``ram``
+(the parking pool: entries kept in device memory within ``--park-device-mib``, and in host
+memory), ``disk`` (session files). Read from the engine worker's objects without a lock: the
 worker may change them meanwhile, so a read that races a change is retried (a snapshot is a
 few list copies, no per-token work). Bytes: engine state + checkpoints (live), entry payload
 (ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: None).
-``session_key``: the client's session key of the conversation; ``hits``: how many requests
-reused its held state (both live and RAM; files keep neither: None; a conversation read back
-from a file counts from 0).
+``session_key``: the client's session key of the conversation (files keep it too); ``hits``:
+how many requests reused its held state (live and pool; files do not keep it: None, and a
+conversation read back from a file counts from 0).
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ def _read(generator: Any) -> list[dict]:
     parking = getattr(generator, "parking", None)
     pool = getattr(parking, "pool", None)
     for entry in (pool.entries() if pool is not None else []):
-        out.append(_conversation("device" if entry.on_device else "ram", entry.key, len(entry.held_ids), entry.nbytes,
+        out.append(_conversation(entry.tier, entry.key, len(entry.held_ids), entry.nbytes,
                                  entry.checkpoint_positions, entry.last_used, entry.session,
                                  entry.hits))
     sessions = getattr(parking, "sessions", None)
     for entry in (sessions.entries() if sessions is not None else []):
         out.append(_conversation("disk", entry.key, len(entry.held_ids), entry.nbytes,
-                                 entry.checkpoint_positions, entry.last_used))
+                                 entry.checkpoint_positions, entry.last_used,
+                                 getattr(entry, "session", None)))
     return out
 
 
