@@ -81,11 +81,7 @@ def mount_anthropic_routes(app: FastAPI, state) -> None:
             return StreamingResponse(_stream(run, stream, context.request_id),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        try:
-            async for _ in run:
-                pass
-        finally:
-            run.close()
+        await run.finish()
         return message_body(chat.request_id, state.model_id, run.output, run.usage)
 
     @app.post("/v1/messages/count_tokens")

@@ -119,11 +119,7 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
                                                     context.request_id),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        try:
-            async for _ in run:
-                pass
-        finally:
-            run.close()
+        await run.finish()
         response = response_object(meta, final_status(run.output),
                                    output_items(run.output, encrypted), run.usage)
         keep(body, chat, run.output, response)
