@@ -29,6 +29,7 @@ from redlite.core.reuse import common_prefix_length
 from redlite.engine.base import StateSnapshot
 
 LIVE = "live"
+POOL_TIERS = ("device", "ram")  # a pool entry's tier: its state in device memory, or in host RAM
 ID_BYTES_PER_TOKEN = 8  # held ids are accounted at 8 bytes per token
 ATTENTION_KNEE_TOKENS = 4096  # context at which attention costs as much as the rest (approx.)
 
@@ -60,7 +61,8 @@ class ParkedEntry:
     key: unique id. held_ids: the token ids the state holds (len == ``snapshot.n_past``).
     snapshot: the engine state in host memory (None for a disk entry not loaded yet).
     checkpoints: the conversation's checkpoints, ascending by position.
-    created/last_used: wall-clock times (s since the epoch). tier: ``"ram"`` or ``"disk"``.
+    created/last_used: wall-clock times (s since the epoch). tier: ``"device"`` or ``"ram"`` (in
+    the pool, by ``on_device``) or ``"disk"``.
     fill/verify: for an entry just read from disk (its tensors mapped, unverified):
     ``fill(engine) -> bool`` reads the file straight into the engine's memory and verifies it
     (True; raises when the file is refused) or, for an engine offering no targets, starts the
@@ -77,7 +79,9 @@ class ParkedEntry:
     tier: str = "ram"
     fill: Callable[[Any], bool] | None = None
     verify: Callable[[], None] | None = None
-    session: str | None = None  # the client's session key of the conversation (RAM only)
+    session: str | None = None  # the client's session key of the conversation (saved with it)
+    # the exact-replay turns (redlite.core.replay.GeneratedTurn) its held ids hold (saved with it)
+    replay: list = field(default_factory=list)
     # A tail entry (see redlite.core.forks): ``snapshot`` holds only tokens [base, len(held_ids))
     # (plus the end state), ``checkpoints`` only those past ``base``; the prefix [0, base) is the
     # state of ``parent``: LIVE (the live conversation) or the key of another pool entry.
@@ -125,7 +129,7 @@ def usable_prefix(held_len: int, common: int, prompt_len: int, can_rewind: bool,
 @dataclass(frozen=True)
 class Candidate:
     """A state a request could start from. key: ``LIVE`` or a parked entry's key. usable: its
-    :func:`usable_prefix` for the prompt (tokens). tier: ``live``, ``ram`` or ``disk``.
+    :func:`usable_prefix` for the prompt (tokens). tier: ``live``, ``device``, ``ram`` or ``disk``.
     held_len: tokens the state holds. session: the state belongs to the request's session key.
     """
 
@@ -137,12 +141,12 @@ class Candidate:
     session: bool = False
 
 
-_TIER_ORDER = {"live": 0, "ram": 1, "disk": 2}
+_TIER_ORDER = {"live": 0, "device": 1, "ram": 2, "disk": 3}
 
 
 def choose_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
     """The candidate with the longest usable prefix; ties: the request's session's, then live,
-    then RAM, then disk, then the most recently used. None when no candidate has a usable
+    then device, then RAM, then disk, then the most recently used. None when no candidate has a usable
     prefix > 0."""
     usable = [c for c in candidates if c.usable > 0]
     if not usable:
@@ -290,7 +294,7 @@ class ParkingPool:
         return list(self._entries.values())
 
     def new_key(self) -> str:
-        return f"ram-{next(self._ids)}"
+        return f"parked-{next(self._ids)}"
 
     def stats(self, entry: ParkedEntry) -> EntryStats:
         return EntryStats(entry.key, entry.nbytes, len(entry.held_ids), entry.last_used,
@@ -306,11 +310,16 @@ class ParkingPool:
         return plan_eviction(current, self.stats(entry), self.budget_bytes, self.max_entries,
                              protected, self.device_budget_bytes)
 
-    def add(self, entry: ParkedEntry) -> None:
-        """Store ``entry`` (the caller has applied :meth:`plan_admission`)."""
-        entry.tier = "ram"
+    def hashes(self, ids: Sequence[int]) -> list[bytes]:
+        """The index's hashes of ``ids``, computed once for :meth:`prefixes_of` and :meth:`add`."""
+        return self._index.hashes(ids)
+
+    def add(self, entry: ParkedEntry, hashes: list[bytes] | None = None) -> None:
+        """Store ``entry`` (the caller has applied :meth:`plan_admission`); its tier is
+        ``device`` or ``ram`` by where its state is. hashes: :meth:`hashes` of its held ids."""
+        entry.tier = "device" if entry.on_device else "ram"
         self._entries[entry.key] = entry
-        self._index.add(entry.key, entry.held_ids)
+        self._index.add(entry.key, entry.held_ids, hashes)
 
     def get(self, key: Hashable) -> ParkedEntry:
         """The entry (it stays in the pool). Raises KeyError when absent."""
@@ -322,12 +331,12 @@ class ParkingPool:
         self._index.remove(key)
         return entry
 
-    def prefixes_of(self, ids: Sequence[int]) -> list[Hashable]:
+    def prefixes_of(self, ids: Sequence[int], hashes: list[bytes] | None = None) -> list[Hashable]:
         """Keys of entries whose held ids are a prefix of ``ids`` (superseded by them), leaves
-        only (an entry others depend on stays)."""
+        only (an entry others depend on stays). hashes: :meth:`hashes` of ``ids``."""
         parents = {e.parent for e in self._entries.values()}
         out = []
-        for group in self._index.lookup(ids):
+        for group in self._index.lookup(ids, hashes):
             for key in group.keys:
                 if key in parents:
                     continue
@@ -350,17 +359,18 @@ def candidates_from_index(index: PrefixIndex, entries: dict, prompt: Sequence[in
             break
         for key in group.keys:
             entry = entries[key]
-            common = common_prefix_length(entry.held_ids, prompt)
-            usable = tail_usable(entry, usable_prefix(len(entry.held_ids), common, len(prompt),
-                                                      can_rewind, entry.checkpoint_positions))
+            usable = entry_usable(entry, prompt, can_rewind)
             if usable > 0:
                 found.append(Candidate(key, usable, entry.tier, entry.last_used, len(entry.held_ids)))
                 best = max(best, usable)
     return found
 
 
-def tail_usable(entry: Any, usable: int) -> int:
-    """A tail entry is a candidate only past its base (below, its parent serves as well)."""
+def entry_usable(entry: Any, prompt: Sequence[int], can_rewind: bool) -> int:
+    """The :func:`usable_prefix` of a parked entry for ``prompt``; 0 for a tail entry at or
+    below its base (its parent serves as well there)."""
+    usable = usable_prefix(len(entry.held_ids), common_prefix_length(entry.held_ids, prompt),
+                           len(prompt), can_rewind, entry.checkpoint_positions)
     if getattr(entry, "parent", None) is not None and usable <= getattr(entry, "base", 0):
         return 0
     return usable

@@ -7,7 +7,7 @@ cache directory and the cached result is used from then on (a warm call costs on
 
 What a converted directory holds:
 
-* ``config.json``: a transformers config of ``model_type`` ``llama``, ``qwen2`` or ``qwen3``
+* ``config.json``: a transformers config of ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``qwen3_5_text`` or ``qwen3_5_moe_text``
   built from the GGUF metadata (see
   :func:`~redlite.loading.gguf_config.gguf_to_hf_config` for each key's source);
 * ``generation_config.json``: bos/eos/pad ids from ``tokenizer.ggml.*``;

@@ -1,7 +1,8 @@
 """GGUF tensors -> Hugging Face safetensors weights.
 
 :func:`hf_tensor_name` maps llama.cpp tensor names to Hugging Face ones
-(``blk.0.attn_q.weight`` -> ``model.layers.0.self_attn.q_proj.weight``);
+(``blk.0.attn_q.weight`` -> ``model.layers.0.self_attn.q_proj.weight``; the Qwen3.5 hybrids'
+names and value changes are in :mod:`redlite.loading.gguf_qwen35`);
 :func:`unpermute_rotary_rows` puts the Q and K rows of the ``llama`` architecture back from
 llama.cpp's rotary layout; :func:`write_weights` dequantizes every tensor to float32 (with
 ``gguf.quants.dequantize``) and saves ``model.safetensors``, or shards of at most
@@ -15,6 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from redlite.loading import gguf_qwen35
 from redlite.loading.gguf_config import read_field, write_json
 
 #: Largest safetensors file written (bytes of float32 data); bigger models are sharded.
@@ -90,9 +92,10 @@ def write_weights(reader: Any, config: dict[str, Any], out: Path) -> tuple[int, 
     from safetensors.numpy import save_file
 
     arch = read_field(reader, "general.architecture")
+    qwen35 = arch in gguf_qwen35.ARCHITECTURES
     planned: list[tuple[Any, str, int]] = []  # (reader tensor, hf name, float32 bytes)
     for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
+        name = gguf_qwen35.hf_name(tensor.name) if qwen35 else hf_tensor_name(tensor.name)
         if name is None:
             continue
         planned.append((tensor, name, int(tensor.n_elements) * 4))
@@ -113,6 +116,8 @@ def write_weights(reader: Any, config: dict[str, Any], out: Path) -> tuple[int, 
         if arch == "llama" and re.fullmatch(r"blk\.\d+\.attn_(q|k)\.(weight|bias)", tensor.name):
             heads = config["num_attention_heads"] if ".attn_q." in tensor.name else config["num_key_value_heads"]
             data = unpermute_rotary_rows(data, heads)
+        if qwen35:
+            data = gguf_qwen35.hf_values(tensor.name, data, config)
         return np.ascontiguousarray(data)
 
     weight_map: dict[str, str] = {}

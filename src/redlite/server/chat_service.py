@@ -214,6 +214,9 @@ class ChatService:
         if self.options.replay not in REPLAY_MODES:
             raise ValueError(f"unknown replay mode {self.options.replay!r}; one of {REPLAY_MODES}")
         self.replay = ReplayStore(self.options.replay_bytes) if self.options.replay == "exact" else None
+        parking = getattr(getattr(worker, "generator", None), "parking", None)
+        if self.replay is not None and parking is not None:  # turns saved with conversations
+            parking.attach_replay(self.replay)
         log.info("chat formats: tool calls %s, reasoning %s; replay %s", self.tool_format,
                  self.reasoning_format or "none", self.options.replay)
 

@@ -29,7 +29,7 @@ from redlite.server.responses_events import ResponseStream, final_status, output
 from redlite.server.responses_schemas import ResponsesRequest
 from redlite.server.responses_store import ResponseStore
 from redlite.server.wire_common import sse_event
-from redlite.server.session_key import session_key_of
+from redlite.server.session_key import body_session_value, session_key_of
 
 log = logging.getLogger("redlite.server.responses")
 
@@ -106,7 +106,8 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
                                "previous_response_not_found")
             history = stored.messages
         chat = to_chat_request(body, history)
-        chat.session_key = session_key_of(request.headers, body.prompt_cache_key)
+        chat.session_key = session_key_of(
+            request.headers, body_session_value("openai", {"prompt_cache_key": body.prompt_cache_key}))
         context = context_of(request.scope)
         chat.request_id = f"resp_{context.hex}"
         encrypted = "reasoning.encrypted_content" in (body.include or [])
