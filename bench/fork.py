@@ -14,7 +14,9 @@ state's bytes and the time a whole capture takes (what parking cost before), the
 from the log line, the selection step's time (all that forking adds: candidates, parking,
 restoring), TTFT with parking, the ideal, and the excess (TTFT - ideal; issue 16's target:
 <= 5 ms), medians of ``--repeat``. Then the old branch is continued (its tail restored:
-time from the log line) and its greedy tokens compared with a cold engine's.
+time from the log line) and its greedy tokens compared with a cold engine's. Last, issue 16's
+six requests (``--scenario``: two conversations answered, regenerated and continued): each
+request's park line, and the pool's bytes afterwards against whole copies of its entries.
 
 Usage: PYTHONPATH=src .venv/bin/python bench/fork.py [--sizes 1024,4096,8192] [--repeat 3]
        [--device cpu|cuda] [--shape small|1b] [--out DIR]
@@ -169,6 +171,39 @@ def measure(model, device: str, held: int, suffix: int, answer: int, repeat: int
     return out
 
 
+def scenario(model, device: str, vocab: int, helds: list[int], answer: int, new: int = 18) -> dict:
+    """Issue 16's six requests: two conversations (``helds`` tokens after their first answer,
+    sharing a 64-token system prompt), each answered, regenerated (sampled) and continued
+    (its answer re-rendered without its last 2 tokens + ``new`` tokens). Returns each
+    request's TTFT and park line, and the pool afterwards against whole copies of its entries."""
+    tok, handler = ByteTokenizer(), ParkLog()
+    engine = TorchEngine(model, ctx_size=max(helds) + 2 * answer + new + 64, device=device)
+    gen = Generator(engine, tok, GeneratorSettings())
+    gen.parking = fresh_parking()
+    logging.getLogger("redlite.parking").addHandler(handler)
+    system = [(i * 40503) % (vocab - 10) for i in range(64)]
+    requests = []
+    for n, held in enumerate(helds):
+        prompt = system + [(i * 2654435761 + n) % (vocab - 10) for i in range(held - answer - 64)]
+        turns = [("answer", prompt, SamplingParams(temperature=0.0)),
+                 ("regenerate", prompt, SamplingParams(temperature=1.0, seed=n))]
+        for name, ids, sampling in turns:
+            handler.parks.clear()
+            request = GenerationRequest(list(ids), max_tokens=answer, sampling=sampling)
+            result = list(gen.run(request))[-1]
+            requests.append({"held": held, "request": name, "ttft_ms": result.ttft_ms,
+                             "cached": result.cached_tokens, "park": handler.parks[-1] if handler.parks else None})
+            if name == "regenerate":
+                second = prompt + result.answer_ids[:-2] + [(7 * i + 3) % (vocab - 10) for i in range(new)]
+                turns.append(("second turn", second, SamplingParams(temperature=0.0)))
+    logging.getLogger("redlite.parking").removeHandler(handler)
+    pool = gen.parking.pool
+    whole = sum(engine.range_nbytes(0, len(e.held_ids)) for e in pool.entries())
+    return {"requests": requests, "pool_entries": len(pool), "pool_bytes": pool.nbytes,
+            "pool_host_bytes": pool.host_nbytes, "pool_device_bytes": pool.device_nbytes,
+            "whole_copies_bytes": whole}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024,4096,8192")
@@ -180,16 +215,21 @@ def main() -> int:
     parser.add_argument("--machine", default=platform.machine() + "-cpu")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch CPU threads (0: torch's default; 1 on a CPU shared with others)")
+    parser.add_argument("--scenario", default="6400,900",
+                        help="held sizes of issue 16's six-request scenario ('' to skip)")
+    parser.add_argument("--scenario-answer", type=int, default=256, help="answer tokens there")
     parser.add_argument("--out", default=None, help="directory for fork-DATE-MACHINE.{md,json}")
     args = parser.parse_args()
     command = "PYTHONPATH=src python bench/fork.py " + " ".join(sys.argv[1:])
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = build(args.shape, args.device, max(sizes) + 128)
+    helds = [int(s) for s in args.scenario.split(",") if s]
+    model = build(args.shape, args.device, max(sizes + helds) + 2 * args.scenario_answer + 128)
     vocab = SHAPES[args.shape][5]
     load = [os.getloadavg()[0]]
     rows = [measure(model, args.device, n, args.suffix, args.answer, args.repeat, vocab) for n in sizes]
+    six = scenario(model, args.device, vocab, helds, args.scenario_answer) if helds else None
     load.append(os.getloadavg()[0])
     cores = os.cpu_count()
     lines = [f"# fork cost, {args.shape} llama shape on {args.device} ({datetime.date.today()}, "
@@ -214,6 +254,17 @@ def main() -> int:
         lines.append(f"old branch at {row['held']}: restored {row['old_branch_cached']} tok{how}, greedy "
                      f"tokens {'identical to' if row['old_branch_matches_cold'] else 'DIFFERENT from'} "
                      "a cold engine")
+    if six is not None:
+        lines += ["", "Issue 16's six requests (two conversations: answer, regenerate, second turn):", "",
+                  "| held | request | cached tok | TTFT ms | parked tok | bytes | tier | park ms |",
+                  "|---" * 8 + "|"]
+        for r in six["requests"]:
+            park = r["park"] or (0, 0, 0.0, "-")
+            lines.append(f"| {r['held']} | {r['request']} | {r['cached']} | {r['ttft_ms']:.1f} | {park[0]} "
+                         f"| {park[1]} | {park[3]} | {park[2]:.1f} |")
+        lines += ["", f"Pool after them: {six['pool_entries']} entries, {six['pool_bytes'] / 1e6:.1f} MB "
+                  f"({six['pool_device_bytes'] / 1e6:.1f} MB on the device); whole copies of the same "
+                  f"conversations: {six['whole_copies_bytes'] / 1e6:.1f} MB."]
     text = "\n".join(lines)
     print(text)
     if args.out:
@@ -222,7 +273,8 @@ def main() -> int:
         stem.with_suffix(".json").write_text(json.dumps(
             {"command": command, "date": str(datetime.date.today()), "machine": args.machine,
              "load_average": load, "cores": cores,
-             "shape": args.shape, "device": args.device, "rows": rows}, indent=1) + "\n")
+             "shape": args.shape, "device": args.device, "rows": rows, "scenario": six},
+            indent=1) + "\n")
     return 0
 
 

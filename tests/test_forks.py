@@ -12,7 +12,8 @@ from redlite.core.byte_tokenizer import END, ByteTokenizer
 from redlite.core.conversations import Conversations
 from redlite.core.live_state import capture, install, reset
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
-from redlite.core.parking import LIVE, EntryStats, ParkingPool, plan_fit
+from redlite.core.eviction import EntryStats, plan_fit
+from redlite.core.parking import LIVE, ParkingPool
 from redlite.core.sessions import SessionStore, expected_for
 from redlite.engine.base import SamplingParams
 from redlite.engine.echo import EchoEngine

@@ -245,7 +245,6 @@ def post_until_ok(client, body, headers, deadline_s=90.0):
         time.sleep(0.5)
 
 
-@pytest.mark.timeout(300)  # Ray start-up: about 15-40 s on 2 loaded cores
 def test_two_replicas_on_ray_serve_keep_affinity_survive_a_dead_replica_and_save_on_removal(tmp_path):
     ray = pytest.importorskip("ray", reason="ray[serve] not installed")
     from redlite.cluster.run import start_cluster, stop_cluster

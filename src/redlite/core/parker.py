@@ -6,7 +6,7 @@ then disk) and, at stop, everything to disk.
   has room (engines with device memory), else in host memory; a state that neither the pool
   would admit nor the disk tier would take is dropped without being copied.
 - :meth:`Parker.park` stores an entry in the pool when its eviction plan
-  (:func:`~redlite.core.parking.plan_eviction`) admits it, spilling what it evicts to disk;
+  (:func:`~redlite.core.eviction.plan_eviction`) admits it, spilling what it evicts to disk;
   otherwise it goes straight to disk (when big enough). Entries it supersedes (it extends them;
   engines that can rewind) leave the pool only once it is admitted.
 - Files stand alone: a tail entry goes to disk whole (:meth:`Lineage.whole`).
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from redlite.core.forks import Lineage, trusted
 from redlite.core.live_state import capture, capture_tail
-from redlite.core.parking import (ID_BYTES_PER_TOKEN, LIVE, EntryStats, EvictionPlan, ParkedEntry,
-                                  ParkingPool, plan_eviction)
+from redlite.core.eviction import EntryStats, EvictionPlan, plan_eviction
+from redlite.core.parking import ID_BYTES_PER_TOKEN, LIVE, ParkedEntry, ParkingPool
 from redlite.core.sessions import SessionStore
 
 if TYPE_CHECKING:

@@ -1,17 +1,14 @@
-"""Parked conversations in host memory: the entry, the pure decisions, and the RAM pool.
+"""Parked conversations: the entry, the candidate choice (pure), and the pool (device and host
+memory; its eviction plans are :mod:`redlite.core.eviction`).
 
 Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"):
 
 - A request takes the best candidate among the live state and every parked one: the one whose
   *usable* common prefix with the prompt is longest (:func:`usable_prefix`: the whole common
   prefix for an engine that can rewind, else up to the newest checkpoint at or below it).
-  Ties go to the live state (nothing to restore), then to RAM over disk, then to the most
-  recently used (:func:`choose_candidate`).
-- The pool is bounded by bytes (``--park-mib``) and entries (``--park-slots``). Eviction
-  (:func:`plan_eviction`) drops the entry of lowest *value*: the prefill time it saves per byte
-  it occupies, divided by ``1 + recency rank`` (rank 0: the most recently used). It never
-  evicts a protected entry (the one prefixing the running request's prompt), and an entry
-  that would be evicted at once is not stored at all.
+  Ties go to the live state (nothing to restore), then to the device, then RAM, then disk,
+  then to the most recently used (:func:`choose_candidate`).
+- The pool admits and evicts by :func:`redlite.core.eviction.plan_eviction`.
 
 The decisions are pure functions of plain data; :class:`ParkingPool` keeps the entries and a
 :class:`~redlite.core.prefix_index.PrefixIndex` so a lookup hashes the prompt once and compares
@@ -24,6 +21,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
+from redlite.core.eviction import EntryStats, EvictionPlan, plan_eviction
 from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
 from redlite.core.reuse import common_prefix_length
 from redlite.engine.base import StateSnapshot
@@ -31,7 +29,6 @@ from redlite.engine.base import StateSnapshot
 LIVE = "live"
 POOL_TIERS = ("device", "ram")  # a pool entry's tier: its state in device memory, or in host RAM
 ID_BYTES_PER_TOKEN = 8  # held ids are accounted at 8 bytes per token
-ATTENTION_KNEE_TOKENS = 4096  # context at which attention costs as much as the rest (approx.)
 
 
 def tensor_nbytes(tensors: dict[str, Any]) -> int:
@@ -155,105 +152,11 @@ def choose_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
                                       -c.last_used))
 
 
-# --- eviction (pure) ---------------------------------------------------------------------------
-
-def prefill_cost(tokens: int, knee: int = ATTENTION_KNEE_TOKENS) -> float:
-    """Relative prefill time of ``tokens`` tokens: linear work plus attention that grows with
-    the position, ``tokens * (1 + tokens / (2 * knee))`` (unit: one token's linear work)."""
-    return tokens * (1.0 + tokens / (2.0 * knee))
-
-
-@dataclass(frozen=True)
-class EntryStats:
-    """What eviction needs of an entry: key, bytes, tokens held, last use (s); for a tail entry
-    the tokens its parent holds for it (``base``) and the ``parent`` key (an entry with
-    dependants is never evicted before them); ``on_device``: counted against the device budget."""
-
-    key: Hashable
-    nbytes: int
-    tokens: int
-    last_used: float
-    base: int = 0
-    parent: Hashable | None = None
-    on_device: bool = False
-
-
-@dataclass(frozen=True)
-class EvictionPlan:
-    """admit: whether the new entry is stored. evict: keys to drop, lowest value first."""
-
-    admit: bool
-    evict: list[Hashable]
-
-
-def entry_values(entries: Sequence[EntryStats]) -> dict[Hashable, float]:
-    """Value of each entry: prefill cost saved per byte / (1 + recency rank), rank 0 for the
-    most recently used (entries used at the same time share a rank)."""
-    times = sorted({e.last_used for e in entries}, reverse=True)
-    rank = {t: i for i, t in enumerate(times)}
-    return {e.key: (prefill_cost(e.tokens) - prefill_cost(e.base)) / max(1, e.nbytes)
-            / (1 + rank[e.last_used]) for e in entries}
-
-
-def plan_fit(entries: Sequence[EntryStats], budget_bytes: int, max_entries: int,
-             protected: frozenset = frozenset(), device_budget_bytes: int = 0) -> list[Hashable] | None:
-    """Keys to drop, lowest value first (:func:`entry_values`), so ``entries`` fit: host bytes
-    (entries not ``on_device``) <= ``budget_bytes``, device bytes <= ``device_budget_bytes``,
-    count <= ``max_entries``. Only leaves go (no remaining entry has them as ``parent``), and
-    only ones that free what is over; protected keys never. None when no choice fits."""
-    values = entry_values(entries)
-    alive = {e.key: e for e in entries}
-    children: dict[Hashable, int] = {}
-    for e in entries:
-        if e.parent in alive:
-            children[e.parent] = children.get(e.parent, 0) + 1
-    host = sum(e.nbytes for e in entries if not e.on_device)
-    device = sum(e.nbytes for e in entries if e.on_device)
-    evict: list[Hashable] = []
-    while host > budget_bytes or device > device_budget_bytes or len(alive) > max_entries:
-        over_count = len(alive) > max_entries
-        helps = [e for e in alive.values() if e.key not in protected and not children.get(e.key)
-                 and (over_count or (e.on_device and device > device_budget_bytes)
-                      or (not e.on_device and host > budget_bytes))]
-        if not helps:
-            return None
-        gone = min(helps, key=lambda e: values[e.key])
-        evict.append(gone.key)
-        del alive[gone.key]
-        if gone.parent in children:
-            children[gone.parent] -= 1
-        if gone.on_device:
-            device -= gone.nbytes
-        else:
-            host -= gone.nbytes
-    return evict
-
-
-def plan_eviction(current: Sequence[EntryStats], new: EntryStats, budget_bytes: int,
-                  max_entries: int, protected: frozenset = frozenset(),
-                  device_budget_bytes: int = 0) -> EvictionPlan:
-    """Which entries to drop so ``current + [new]`` fits (:func:`plan_fit`: the host budget
-    ``budget_bytes``, the device budget for ``on_device`` entries, ``max_entries``).
-
-    ``current`` is assumed to fit already. Entries go in increasing value
-    (:func:`entry_values`); protected keys are never chosen, nor an entry another depends on.
-    When the new entry itself would go (it is worth least, or cannot fit however many go), the
-    plan is ``admit=False`` with nothing evicted: an entry is never stored only to be evicted
-    at once.
-    """
-    limit = device_budget_bytes if new.on_device else budget_bytes
-    if new.nbytes > limit or max_entries < 1:
-        return EvictionPlan(False, [])
-    evict = plan_fit([*current, new], budget_bytes, max_entries, protected, device_budget_bytes)
-    if evict is None or new.key in evict:
-        return EvictionPlan(False, [])
-    return EvictionPlan(True, evict)
-
-
-# --- the RAM pool ------------------------------------------------------------------------------
+# --- the pool ----------------------------------------------------------------------------------
 
 class ParkingPool:
-    """Parked entries in host memory within ``budget_bytes`` and ``max_entries``.
+    """Parked entries within ``budget_bytes`` (host memory), ``device_budget_bytes`` (entries
+    ``on_device``) and ``max_entries``.
 
     Not thread-safe: used from the engine worker thread only.
     """
