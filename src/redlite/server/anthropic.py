@@ -13,6 +13,7 @@ chosen by path, :mod:`redlite.server.errors`), and inside a stream as an ``error
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, AsyncIterator
 
@@ -71,7 +72,7 @@ def mount_anthropic_routes(app: FastAPI, state) -> None:
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
         body = await parse_body(request, MessagesRequest)
-        chat = to_chat_request(body, _session_key(request, body))
+        chat = await asyncio.to_thread(to_chat_request, body, _session_key(request, body))
         context = context_of(request.scope)
         chat.request_id = f"msg_{context.hex}"
         run = ChatRun(state, request, chat, tick_s=state.ping_interval_s)
@@ -87,4 +88,5 @@ def mount_anthropic_routes(app: FastAPI, state) -> None:
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Any:
         body = await parse_body(request, CountTokensRequest)
-        return {"input_tokens": await count_prompt_tokens(state, to_chat_request(body))}
+        chat = await asyncio.to_thread(to_chat_request, body)
+        return {"input_tokens": await count_prompt_tokens(state, chat)}

@@ -176,8 +176,9 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _parse(request, ChatCompletionRequest)
-        chat_request = chat_request_of(body, sampling_of(body, chat=True), stops_of(body),
-                                       f"chatcmpl-{context_of(request.scope).hex}")
+        # per-message work off the event loop (a body of thousands of messages)
+        chat_request = await asyncio.to_thread(chat_request_of, body, sampling_of(body, chat=True),
+                                               stops_of(body), f"chatcmpl-{context_of(request.scope).hex}")
         chat_request.session_key = session_key_of(
             request.headers, body_session_value("openai", body.model_extra or {}))
         stream = await state.chat.start(chat_request, request)
