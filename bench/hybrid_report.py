@@ -151,7 +151,9 @@ def markdown(R: dict) -> str:
     if R.get("moe_tune"):
         lines += ["| MoE decode step (one layer) | µs | GB/s | % of copy bandwidth |", "|---|---:|---:|---:|"]
         lines += [f"| {r['variant']} | {r['us_per_layer']:.2f} | {r['GBps']:.0f} | {_fmt(r['pct_of_copy_bw'])}% |"
-                  for r in R["moe_tune"]] + [""]
+                  for r in R["moe_tune"] if "us_per_layer" in r] + [""]
+        lines += ["MoE step kernels, µs per layer: " + ", ".join(f"{k} {v:.2f}" for k, v in r["kernels_us"].items())
+                  for r in R["moe_tune"] if "kernels_us" in r] + [""]
     if R.get("checkpoint"):
         k = R["checkpoint"]
         lines += [f"checkpoint: {k['bytes'] / 2 ** 20:.1f} MiB on {k['device']}, take {k['take_ms']:.3f} ms, "

@@ -1,7 +1,7 @@
 """Launch settings of the fused mixture-of-experts decode step (redlite.layers.triton_moe) on a
 GPU: the Qwen3.5-35B-A3B block (256 experts, 8 per token, widths 512, hidden 2048) timed as a
 graph of one step per layer over distinct layers (so no weight comes from L2), for each pair
-of (block_n, num_warps) settings of the gate/up and the down kernel, against the bytes the
+of settings of the gate/up and the down kernel, against the bytes the
 step reads (router, shared expert, the 8 chosen experts). One process, about a minute.
 
 Usage: ``PYTHONPATH=src python3 bench/moe_tune.py [--out FILE.json]``; bench/hybrid.py runs
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu  # noqa: E402
 from hybrid_report import SHAPES  # noqa: E402
 
-GATE_UP = [(4, 4), (8, 4), (16, 8)]
-DOWN = [(4, 4), (8, 4)]
+GATE_UP = [(4, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8)]  # (block_n, block_k, num_warps)
+DOWN = [(4, 512, 4), (8, 256, 4)]  # (block_n, block_i, num_warps)
 
 
 def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> list[dict]:
@@ -67,10 +67,32 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         best = min((r for r in rows if "gate_up" in r), key=lambda r: r["us_per_layer"])
         measure(f"gate/up {best['gate_up']} down {best['down']} pdl 1", triton_step(best["gate_up"], best["down"], 1),
                 gate_up=best["gate_up"], down=best["down"], pdl=1)
+        try:
+            rows.append(kernel_split(layers, triton_step(best["gate_up"], best["down"], 0), say))
+        except Exception as error:  # noqa: BLE001 - a profiler that does not run here
+            say(f"moe step kernel split: {type(error).__name__}: {error}")
     if apply:
         triton_moe.GATE_UP_CONFIG, triton_moe.DOWN_CONFIG = tuple(best["gate_up"]), tuple(best["down"])
         say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}")
     return rows
+
+
+def kernel_split(layers, step, say=print, reps: int = 5) -> dict:
+    """Microseconds per layer of each kernel of ``step`` (CUDA kernel durations from
+    torch.profiler, launch gaps excluded) over ``reps`` passes of ``layers``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for m, x, nw in layers:
+                step(m, x, nw)
+        torch.cuda.synchronize()
+    per = {}
+    for event in prof.key_averages():
+        if event.device_type.name == "CUDA" and event.count:
+            per[event.key] = event.device_time_total / (reps * len(layers))
+    say("moe step kernels (us per layer): " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in sorted(per.items())))
+    return {"variant": "kernel split of the best (us per layer)", "kernels_us": per}
 
 
 def main() -> None:

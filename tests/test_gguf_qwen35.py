@@ -76,9 +76,31 @@ def _llama_cpp_tensors(model, cfg) -> dict[str, np.ndarray]:
     return out
 
 
-def _write_gguf(model, arch: str, path: Path) -> None:
+def _byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes (the base of a byte-level BPE vocabulary)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(extra))]
+
+
+def _add_tokenizer(writer, vocab_size: int) -> None:
+    """A byte-level BPE vocabulary of ``vocab_size`` ids with llama.cpp's ``qwen35`` split."""
+    tokens = _byte_alphabet() + ["he", "ll", "llo", "hello"]
+    tokens += [f"<|extra_{i}|>" for i in range(vocab_size - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen35")
+    writer.add_token_list(tokens)
+    writer.add_token_merges(["h e", "l l", "ll o", "he llo"])
+    writer.add_token_types([1] * 260 + [3] * (vocab_size - 260))
+    writer.add_eos_token_id(vocab_size - 1)
+    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+
+
+def _write_gguf(model, arch: str, path: Path, tokenizer: bool = False) -> None:
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), arch)
+    if tokenizer:
+        _add_tokenizer(writer, cfg.vocab_size)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
@@ -90,7 +112,9 @@ def _write_gguf(model, arch: str, path: Path) -> None:
     writer.add_value_length(cfg.head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    writer.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+    rotary = int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"])
+    writer.add_rope_dimension_count(rotary)
+    writer.add_rope_dimension_sections([rotary // 4, rotary // 4, rotary // 2 - 2 * (rotary // 4), 0])  # M-RoPE
     writer.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
     writer.add_ssm_state_size(cfg.linear_key_head_dim)
     writer.add_ssm_group_count(cfg.linear_num_key_heads)
@@ -146,11 +170,17 @@ def test_gguf_logits_equal_safetensors_load(arch: str, tmp_path: Path):
     reference = _reference(arch)
     reference.save_pretrained(tmp_path / "hf")
     path = tmp_path / f"tiny-{arch}.gguf"
-    _write_gguf(reference, arch, path)
+    _write_gguf(reference, arch, path, tokenizer=arch == "qwen35moe")
 
     directory = resolve_model_dir(path, cache_dir=tmp_path / "cache")
     config = json.loads((directory / "config.json").read_text())
     assert config["model_type"] == gguf_qwen35.ARCHITECTURES[arch][0]
+    if arch == "qwen35moe":  # the tokenizer came along: byte-level BPE, merges applied
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        ids = tokenizer.encode("hello héllo", add_special_tokens=False)
+        assert tokenizer.decode(ids) == "hello héllo" and ids[0] == 259  # "hello" is one token
     from_gguf, _ = load_hf_model(directory, "cpu", torch.float32)
     from_hf, _ = load_hf_model(tmp_path / "hf", "cpu", torch.float32)
     ids = torch.tensor([3, 17, 42, 5, 88, 1, 60, 9, 33, 71, 2, 64])

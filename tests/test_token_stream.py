@@ -212,6 +212,36 @@ def test_stream_after_decoder_built_in_inference_mode():
         assert len(result.answer_ids) == 8 and engine.n_past == len(gen.held_ids)
 
 
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_warmup_leaves_the_engine_as_a_fresh_one(hybrid):
+    # the warm-up's body on the CPU (the static step run eagerly): afterwards greedy and
+    # sampled requests, ending at a stop, give what a fresh engine gives
+    from test_hybrid_decode import make_model
+
+    from redlite.engine.warmup import warm_up
+
+    model = make_model() if hybrid else tiny_llama(seed=5)
+    prompt = chat("warm") if not hybrid else [3, 9, 27, 4, 8, 15]
+    outs = []
+    for warm in (True, False):
+        engine = TorchEngine(model, ctx_size=256, cuda_graphs=True)
+        if warm:
+            report = warm_up(engine, tok if not hybrid else None, prefill_chunk=64, devices=("cpu",))
+            assert report.skipped is None and report.prefills and engine.n_past == 0
+        answers = []
+        for params in (SamplingParams(temperature=0), SamplingParams(seed=4, top_k=10)):
+            engine.reset()
+            gen = Generator(engine, tok)
+            answer = run(gen, prompt, max_tokens=10, sampling=params)[1].answer_ids
+            engine.reset()
+            gen = Generator(engine, _Tok(answer[4]))
+            result = run(gen, prompt, max_tokens=10, sampling=params)[1]
+            assert engine.n_past == len(gen.held_ids)
+            answers.append((answer, result.answer_ids, engine.prefill([1]).tolist()))
+        outs.append(answers)
+    assert outs[0] == outs[1]
+
+
 # --- a tiny Qwen3.5 hybrid: undo restores the recurrent part -----------------------------------
 
 def test_tiny_hybrid_undo_restores_recurrent_state():

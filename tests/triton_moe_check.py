@@ -41,7 +41,8 @@ def check_moe_step(device, dtype, tol, gen):
         for step in range(3):
             x = torch.randn(1, hidden, generator=gen).to(device, dtype)
             want = REF.moe(x.clone(), nw, 1e-6, moe)
-            for gate_up, down in (((4, 4), (4, 4)), ((2, 8), (8, 2))):
+            # the second pair steps through the columns (block_k / block_i below the row lengths)
+            for gate_up, down in (((4, 4096, 4), (4, 512, 4)), ((2, 32, 8), (8, 16, 2))):
                 got = x.clone()
                 out = triton_moe.moe_step(got, nw, 1e-6, moe, gate_up_config=gate_up, down_config=down)
                 assert out.data_ptr() == got.data_ptr(), "moe_step must update x in place"

@@ -30,13 +30,14 @@ class WarmupReport:
     skipped: str | None = None
 
 
-def warm_up(engine, tokenizer=None, prefill_chunk: int = 512) -> WarmupReport:
+def warm_up(engine, tokenizer=None, prefill_chunk: int = 512, devices=("cuda",)) -> WarmupReport:
     """Warm ``engine`` up (see module docstring) and log the time it took. Only a torch engine
-    on CUDA has anything to warm; other engines are left alone (``skipped`` says why).
-    ``prefill_chunk``: the most tokens the generator prefills at once (``--prefill-chunk``).
-    Raises what the engine raises (a model that cannot run is no server to start)."""
+    on one of ``devices`` (device types; CUDA: the one with anything to warm) is warmed; others
+    are left alone (``skipped`` says why). ``prefill_chunk``: the most tokens the generator
+    prefills at once (``--prefill-chunk``). Raises what the engine raises (a model that cannot
+    run is no server to start)."""
     device = getattr(engine, "device", None)
-    if device is None or getattr(device, "type", "cpu") != "cuda":
+    if device is None or getattr(device, "type", None) not in devices:
         report = WarmupReport(skipped=f"nothing to warm up on {getattr(device, 'type', 'this engine')}")
         log.info("warm-up skipped: %s", report.skipped)
         return report
@@ -51,7 +52,8 @@ def warm_up(engine, tokenizer=None, prefill_chunk: int = 512) -> WarmupReport:
         report.graphs = _graphs(engine)
         _streams(engine)
         engine.reset()
-    torch.cuda.synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     report.seconds = time.perf_counter() - started
     log.info("warm-up done in %.2f s: %d CUDA graphs (decode path %s), prefill shapes %s, "
              "ready", report.seconds, report.graphs, engine.decode_path, list(report.prefills))

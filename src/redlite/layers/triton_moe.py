@@ -30,10 +30,12 @@ import triton.language as tl
 
 from redlite.layers.triton_gemv import _load_tile, _row_block, _x_tile, gemv, pdl_sync
 
-#: (block_n, num_warps) of the gate/up and of the down kernel; block_k is the next power of
-#: two of the hidden size (gate/up) or 512 at most (down).
-GATE_UP_CONFIG = (4, 8)
-DOWN_CONFIG = (4, 4)
+#: (block_n, block_k, num_warps) of the gate/up kernel and (block_n, block_i, num_warps) of the
+#: down kernel (block_k / block_i: columns per step, capped at the next power of two of the
+#: row length): the fastest of bench/moe_tune.py's sweep on an H200 in the 35B-A3B shape
+#: (bench/results/hybrid-2026-12-01-nvidia-h200-35b-a3b.md).
+GATE_UP_CONFIG = (4, 2048, 4)
+DOWN_CONFIG = (4, 512, 4)
 MAX_EXPERTS = 1024
 
 
@@ -153,13 +155,14 @@ def supported(moe) -> bool:
 
 
 def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_centered: bool = True,
-             pdl: int = 0, gate_up_config: tuple[int, int] | None = None,
-             down_config: tuple[int, int] | None = None) -> torch.Tensor:
+             pdl: int = 0, gate_up_config: tuple[int, int, int] | None = None,
+             down_config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """``x += moe(rms_norm(x))`` in place for one token: ``x`` [1, H] contiguous (the residual
     stream), ``norm_weight`` [H] the block's input norm (``zero_centered``: the Qwen3.5 form),
     ``moe`` a :class:`~redlite.layers.moe.SparseMoE` in x's dtype. Four launches (router
     product, routing, gate/up, down) with no host read. Returns ``x``. ``pdl``: programmatic dependent
-    launch (see :mod:`redlite.layers.triton_gemv`); configs ``(block_n, num_warps)``.
+    launch (see :mod:`redlite.layers.triton_gemv`); configs as ``GATE_UP_CONFIG`` /
+    ``DOWN_CONFIG`` (the defaults).
     """
     h = x.shape[-1]
     e, k, inter, s_inter = moe.num_experts, moe.top_k, moe.inter, moe.shared.inter
@@ -172,15 +175,15 @@ def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_c
     extra = {"launch_pdl": True} if pdl else {}
     _route_kernel[(1,)](logits, route, e, TOP_K=k, NORM_TOPK=bool(moe.norm_topk_prob),
                         BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl), **extra)
-    bn, warps = gate_up_config or GATE_UP_CONFIG
+    bn, bk, warps = gate_up_config or GATE_UP_CONFIG
     nb_s, nb_r = triton.cdiv(s_inter, bn), triton.cdiv(inter, bn)
     _gate_up_kernel[(nb_s + k * nb_r,)](
         x, norm_weight, route, moe.gate_up_weight, moe.shared.gate_up_weight, act, h, inter, s_inter, i_max,
         float(eps), nb_s, nb_r, TOP_K=k, ZC=bool(zero_centered), BLOCK_N=bn,
-        BLOCK_K=min(4096, triton.next_power_of_2(h)), PDL=int(pdl), num_warps=warps, **extra)
-    bn, warps = down_config or DOWN_CONFIG
+        BLOCK_K=min(bk, triton.next_power_of_2(h)), PDL=int(pdl), num_warps=warps, **extra)
+    bn, bi, warps = down_config or DOWN_CONFIG
     _down_kernel[(triton.cdiv(h, bn),)](
         act, route, moe.down_weight, moe.shared.down_weight, x, h, inter, s_inter, i_max, TOP_K=k,
-        BLOCK_TK=block_tk, BLOCK_N=bn, BLOCK_I=min(512, triton.next_power_of_2(i_max)), PDL=int(pdl),
+        BLOCK_TK=block_tk, BLOCK_N=bn, BLOCK_I=min(bi, triton.next_power_of_2(i_max)), PDL=int(pdl),
         num_warps=warps, **extra)
     return x
