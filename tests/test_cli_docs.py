@@ -1,4 +1,5 @@
-"""The README's option table names every option of ``redlite serve --help``, and only those."""
+"""The README's option table names every option of ``redlite serve --help``, and only those;
+``python -m redlite`` runs the CLI."""
 
 from __future__ import annotations
 
@@ -35,3 +36,17 @@ def test_readme_lists_every_serve_option():
 def test_readme_lists_no_unknown_option():
     unknown = readme_table_options() - serve_options()
     assert not unknown, f"README table names options `redlite serve` does not have: {sorted(unknown)}"
+
+
+def test_python_dash_m_runs_the_cli():
+    """``python -m redlite`` is the console script (the way to run a source checkout)."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(README.parent / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-m", "redlite", "--version"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("redlite ")
