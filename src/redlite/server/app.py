@@ -83,12 +83,15 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
 
 def _first_error(error: ValidationError) -> dict:
     """The error to report: an unsupported content part first, else the deepest location
-    (the union member that got furthest, e.g. the token-id list for ``"prompt": [true]``)."""
+    (the union member that got furthest, e.g. the token-id list for ``"prompt": [true]``);
+    at equal depth, a member whose type matched (``"stop"``: five strings is "at most 4
+    items", not "a valid string")."""
     errors = error.errors()
     for item in errors:
         if item["type"] == "unsupported_content":
             return item
-    return max(errors, key=lambda item: len(item.get("loc", ())))
+    return max(errors, key=lambda item: (len(item.get("loc", ())),
+                                         not item["type"].endswith("_type")))
 
 
 def create_app(state: ServerState) -> FastAPI:

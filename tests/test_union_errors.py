@@ -1,0 +1,27 @@
+"""A field that takes a string or a list names the list's own rule when a list was sent
+(in-process, echo engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_app import echo_client
+
+USER = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("path, body, param, fragment", [
+    ("/v1/chat/completions", {"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop",
+     "at most 4"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    ("/v1/responses", {"input": []}, "input", "at least 1"),
+    ("/v1/chat/completions", {"messages": USER, "stop": 7}, "stop", "valid string"),
+])
+def test_list_member_error_is_reported(path, body, param, fragment):
+    with echo_client() as client:
+        r = client.post(path, json=body)
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["param"] == param
+        assert fragment in error["message"], error["message"]
+        assert client.get("/health").status_code == 200
