@@ -1,5 +1,5 @@
-"""A field that takes a string or a list names the list's own rule when a list was sent
-(in-process, echo engine)."""
+"""A field that takes a string or a list names the list's own rule when a list was sent, and
+an item tagged by ``type`` names its own missing field (in-process, echo engine)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ USER = [{"role": "user", "content": "x"}]
     ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
     ("/v1/responses", {"input": []}, "input", "at least 1"),
     ("/v1/chat/completions", {"messages": USER, "stop": 7}, "stop", "valid string"),
+    ("/v1/responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+     "input.0.call_id", "Field required"),
+    ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "c"}]},
+     "input.0.output", "Field required"),
 ])
 def test_list_member_error_is_reported(path, body, param, fragment):
     with echo_client() as client:
