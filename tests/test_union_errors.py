@@ -29,16 +29,3 @@ def test_list_member_error_is_reported(path, body, param, fragment):
         assert error["param"] == param
         assert fragment in error["message"], error["message"]
         assert client.get("/health").status_code == 200
-
-
-def test_responses_input_of_skipped_items_only():
-    with echo_client() as client:
-        r = client.post("/v1/responses", json={"input": [{"type": "item_reference", "id": "m"}]})
-        assert r.status_code == 400
-        error = r.json()["error"]
-        assert error["param"] == "input"
-        assert "item_reference" in error["message"]
-        ok = client.post("/v1/responses", json={
-            "instructions": "be brief", "input": [{"type": "item_reference", "id": "m"}],
-            "max_output_tokens": 4})
-        assert ok.status_code == 200

@@ -120,8 +120,7 @@ class _History:
 
 
 def convert_input(body: ResponsesRequest, history: list[dict] | None = None) -> list[dict]:
-    """The OpenAI-shaped messages of ``body`` after ``history`` (a stored conversation); a 400
-    naming ``input`` when nothing is left to answer (only skipped item types)."""
+    """The OpenAI-shaped messages of ``body`` after ``history`` (a stored conversation)."""
     messages: list[dict] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
@@ -136,9 +135,6 @@ def convert_input(body: ResponsesRequest, history: list[dict] | None = None) -> 
     if skipped:
         log.info("responses: skipping %d input item(s) of unsupported types: %s", len(skipped),
                  ", ".join(sorted(set(skipped))))
-    if not messages:
-        raise APIError(400, "input has nothing to answer: every item is of a type this server "
-                       f"skips ({', '.join(sorted(set(skipped)))})", "input")
     return messages
 
 
