@@ -2,9 +2,11 @@
 
 Blocks are random bytes with sane fp16 scales (every bit pattern of the codes is a valid
 block), for each format the kernels take. Checked: dequantization equals
-``gguf.quants.dequantize`` exactly; the 8-bit-activation product equals the float64 product of
-the dequantized weight and the 8-bit-rounded activations up to float32 rounding, and stays
-within :func:`q8_error_bound` of the float32 product with the exact activations.
+``gguf.quants.dequantize`` exactly; the float32-activation product is within
+:func:`float32_error_bound` (float32 rounding) of the exact product of the dequantized weight;
+the 8-bit-activation product equals the float64 product of the dequantized weight and the
+8-bit-rounded activations up to float32 rounding, and stays within :func:`q8_error_bound` of
+the float32 product with the exact activations.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import pytest
 import torch
 
 from redlite.kernels import native
-from redlite.layers.quant_weight import KERNEL_FORMATS, SMALL_BATCH, QuantTensor, QuantWeight, q8_error_bound
+from redlite.layers.quant_weight import (KERNEL_FORMATS, SMALL_BATCH, QuantTensor, QuantWeight,
+                                         float32_error_bound, q8_error_bound)
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler / AVX2 for the kernels")
 
@@ -52,10 +55,24 @@ def test_dequantize_equals_gguf(qtype: str) -> None:
 
 
 @pytest.mark.parametrize("qtype", sorted(KERNEL_FORMATS))
-def test_product_matches_the_dequantized_reference(qtype: str) -> None:
+def test_float32_product_is_the_dequantized_product(qtype: str) -> None:
     rows, cols = 40, 768
     block = random_blocks(qtype, rows, cols, seed=1)
-    weight = QuantWeight([block])
+    dense = torch.from_numpy(block.dequantize())
+    x = torch.randn(SMALL_BATCH, cols, generator=torch.Generator().manual_seed(2))
+    got = QuantWeight([block]).linear(x)
+    for t in range(SMALL_BATCH):
+        exact = dense.double() @ x[t].double()
+        assert bool(((got[t].double() - exact).abs() <= float32_error_bound(dense, x[t])).all()), qtype
+    bias = torch.randn(rows)
+    torch.testing.assert_close(QuantWeight([block]).linear(x[:1], bias), got[:1] + bias, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qtype", sorted(KERNEL_FORMATS))
+def test_q8_product_matches_the_dequantized_reference(qtype: str) -> None:
+    rows, cols = 40, 768
+    block = random_blocks(qtype, rows, cols, seed=1)
+    weight = QuantWeight([block], activations="q8")
     dense = torch.from_numpy(block.dequantize())
     x = torch.randn(3, cols, generator=torch.Generator().manual_seed(2))
     got = weight.linear(x)
@@ -79,9 +96,10 @@ def test_stacked_parts_of_mixed_formats_and_prefill_path() -> None:
     dense = torch.cat([torch.from_numpy(b.dequantize()) for b in blocks])
     torch.testing.assert_close(weight.dequantize(), dense, rtol=0, atol=0)
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(6))
-    one = weight.linear(x)[0]
-    separate = torch.cat([QuantWeight([b]).linear(x)[0] for b in blocks])
-    torch.testing.assert_close(one, separate, rtol=0, atol=0)
+    for activations in ("float32", "q8"):
+        one = QuantWeight(blocks, activations).linear(x)[0]
+        separate = torch.cat([QuantWeight([b], activations).linear(x)[0] for b in blocks])
+        torch.testing.assert_close(one, separate, rtol=0, atol=0)
     # more rows than SMALL_BATCH: dequantized float32 product, the reference itself
     many = torch.randn(SMALL_BATCH + 3, cols, generator=torch.Generator().manual_seed(7))
     bias = torch.randn(32)
@@ -89,5 +107,6 @@ def test_stacked_parts_of_mixed_formats_and_prefill_path() -> None:
 
 
 def test_zero_activations_give_zero() -> None:
-    weight = QuantWeight([random_blocks("Q4_1", 8, 256)])
-    assert torch.equal(weight.linear(torch.zeros(1, 256)), torch.zeros(1, 8))
+    for activations in ("float32", "q8"):
+        weight = QuantWeight([random_blocks("Q4_1", 8, 256)], activations)
+        assert torch.equal(weight.linear(torch.zeros(1, 256)), torch.zeros(1, 8))

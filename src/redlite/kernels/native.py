@@ -26,7 +26,8 @@ from pathlib import Path
 
 log = logging.getLogger("redlite.kernels")
 
-SOURCES = ("qmatmul.c",)
+SOURCES = ("qmatmul.c", "qmatvec.c", "decode_step.c")
+HEADERS = ("gguf_blocks.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
 _reason: str | None = None
 
@@ -59,7 +60,7 @@ def _cache_dir() -> Path:
 def _build(compiler: str) -> Path:
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256(" ".join(FLAGS).encode())
-    for name in SOURCES:
+    for name in (*SOURCES, *HEADERS):
         digest.update((here / name).read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest.update(version.encode())
@@ -114,8 +115,12 @@ def unavailable_reason() -> str | None:
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i, i64, vp = ctypes.POINTER(Part), ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    lib.qmatmul.argtypes = [p, i, vp, i, i, vp, i64]
-    lib.qmatmul.restype = None
+    lib.qmatvec.argtypes = [p, i, vp, i, i, vp, i64, i]
+    lib.qmatvec.restype = None
+    lib.qmatmul_q8x.argtypes = [p, i, vp, i, i, vp, i64]
+    lib.qmatmul_q8x.restype = None
+    lib.decode_step.argtypes = [vp, i64, i64, vp, i64, vp]
+    lib.decode_step.restype = None
     lib.dequant_parts.argtypes = [p, i, i, vp]
     lib.dequant_parts.restype = None
     lib.dequant_rows.argtypes = [p, vp, i64, i, vp]

@@ -1,31 +1,19 @@
 /* GGUF block formats on CPU: rows dequantized to float32, and y = W x with x quantized to
- * 8 bits per 32-value block (as llama.cpp does), for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K.
- * Format ids are GGML's type ids. AVX2 + FMA + F16C; OpenMP over output rows.
- * Built and loaded by redlite/kernels/native.py. */
-#include <immintrin.h>
+ * 8 bits per 32-value block (as llama.cpp does: qmatmul_q8), for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K,
+ * Q6_K. AVX2 + FMA + F16C; OpenMP over output rows. The float32-activation products are in
+ * qmatvec.c. Built and loaded by redlite/kernels/native.py. */
 #include <math.h>
 #include <omp.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+#include "gguf_blocks.h"
 
 typedef struct { int8_t q[32]; float d; float s; } xq8; /* s = d * sum(q) */
-
-typedef struct {            /* one row block of a stacked weight (e.g. q, k, v) */
-    const uint8_t *data;    /* rows * row_bytes bytes */
-    int64_t row_bytes;
-    int32_t rows;
-    int32_t fmt;
-} part_t;
-
-static inline float h2f(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
 
 int block_bytes(int fmt) {  /* bytes per block of block_values(fmt) values */
     switch (fmt) {
     case Q4_0: return 18; case Q4_1: return 20; case Q8_0: return 34;
-    case Q4_K: return 144; case Q5_K: return 176; case Q6_K: return 210;
+    case Q4_K: return 144; case Q5_K: return 176; case Q6_K: return 210; case F32: return 128;
     }
     return 0;
 }
@@ -33,12 +21,8 @@ int block_values(int fmt) { return fmt >= Q4_K ? 256 : 32; }
 
 /* ---- dequantization (reference for everything else) ---- */
 
-static inline void scale_min_k4(int j, const uint8_t *q, float *sc, float *m) {
-    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
-    else { *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
-}
-
 static void dequant_row(int fmt, const uint8_t *w, int n, float *y) {
+    if (fmt == F32) { memcpy(y, w, sizeof(float) * n); return; }
     for (int b = 0; b < n / block_values(fmt); b++) {
         if (fmt == Q4_0 || fmt == Q4_1) {
             float d = h2f(w), m = fmt == Q4_1 ? h2f(w + 2) : -8.f * d;
@@ -117,20 +101,6 @@ static inline __m256 mul_us8(__m256i u, __m256i s) {  /* unsigned u x signed s, 
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 static inline __m256 mul_ss8(__m256i a, __m256i b) { return mul_us8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)); }
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-#define LD(p) _mm256_loadu_si256((const __m256i *)(p))
-#define LOW4(v) _mm256_and_si256(v, _mm256_set1_epi8(15))
-#define HIGH4(v) _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15))
-
-static inline __m256i nibbles16(const uint8_t *q) {  /* 16 bytes -> 32 codes, low nibbles first */
-    __m128i r = _mm_loadu_si128((const __m128i *)q), m = _mm_set1_epi8(15);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(r, 4), m), _mm_and_si128(r, m));
-}
-
 static float dot_q4_01(const uint8_t *w, const xq8 *x, int nb, int has_min) {
     __m256 acc = _mm256_setzero_ps();
     float off = 0.f;
@@ -152,25 +122,13 @@ static float dot_q8_0(const uint8_t *w, const xq8 *x, int nb) {
 
 static float dot_q45_k(const uint8_t *w, const xq8 *x, int nb, int five) {
     __m256 acc = _mm256_setzero_ps();
-    float off = 0.f, sc0, m0, sc1, m1;
+    float off = 0.f, sc, m;
     for (int b = 0; b < nb / 8; b++, w += five ? 176 : 144, x += 8) {
         float d = h2f(w), dmin = h2f(w + 2);
-        const uint8_t *q = w + (five ? 48 : 16);
-        __m256i qh = five ? LD(w + 16) : _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++, q += 32) {
-            scale_min_k4(2 * j, w + 4, &sc0, &m0);
-            scale_min_k4(2 * j + 1, w + 4, &sc1, &m1);
-            __m256i raw = LD(q), lo = LOW4(raw), hi = HIGH4(raw);
-            if (five) {
-                __m256i one = _mm256_set1_epi8(1);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(
-                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j)), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(
-                    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j + 1)), one), 4));
-            }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc0 * x[2 * j].d), mul_us8(lo, LD(x[2 * j].q)), acc);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1 * x[2 * j + 1].d), mul_us8(hi, LD(x[2 * j + 1].q)), acc);
-            off += dmin * (m0 * x[2 * j].s + m1 * x[2 * j + 1].s);
+        for (int s = 0; s < 8; s++) {
+            scale_min_k4(s, w + 4, &sc, &m);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc * x[s].d), mul_us8(codes_q45_k(w, five, s / 2, s & 1), LD(x[s].q)), acc);
+            off += dmin * m * x[s].s;
         }
     }
     return hsum(acc) - off;
@@ -178,23 +136,14 @@ static float dot_q45_k(const uint8_t *w, const xq8 *x, int nb, int five) {
 
 static float dot_q6_k(const uint8_t *w, const xq8 *x, int nb) {
     __m256 acc = _mm256_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
     for (int b = 0; b < nb / 8; b++, w += 210, x += 8) {
         const int8_t *sc = (const int8_t *)(w + 192);
         float d = h2f(w + 208);
-        for (int h = 0; h < 2; h++) {
-            __m256i ql0 = LD(w + 64 * h), ql1 = LD(w + 64 * h + 32), qh = LD(w + 128 + 32 * h);
-            for (int t = 0; t < 4; t++) {
-                int k = 4 * h + t;
-                __m256i ql = (t & 1) ? ql1 : ql0;
-                __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t >> 1))), m4);
-                __m256i hb = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), m2);
-                __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hb, 4)), c32);
-                __m256i xq = LD(x[k].q);
-                __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xq, c));
-                __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x[k].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, s)), acc);
-            }
+        for (int k = 0; k < 8; k++) {
+            __m256i c = codes_q6_k(w, k), xq = LD(x[k].q);
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(c, c), _mm256_sign_epi8(xq, c));
+            __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x[k].d), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, s)), acc);
         }
     }
     return hsum(acc);
@@ -231,7 +180,7 @@ void qmatmul_q8(const part_t *parts, int n_parts, const xq8 *xq, int n_tok, int 
     }
 }
 
-void qmatmul(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo) {
+void qmatmul_q8x(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo) {
     int nb = n / 32;
     xq8 *xq = (xq8 *)aligned_alloc(64, ((sizeof(xq8) * nb * n_tok + 63) / 64) * 64);
     for (int t = 0; t < n_tok; t++) quantize_q8(x + (int64_t)t * n, n, xq + t * nb);

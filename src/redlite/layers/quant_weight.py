@@ -7,11 +7,12 @@ GGUF file and run on CPU; :func:`redlite.layers.linear.linear_kernel`'s function
 :func:`redlite.layers.linear.embedding` accept either, so model code never asks which.
 
 * few tokens (decode, ``T <= SMALL_BATCH``): our C kernel (:mod:`redlite.kernels.native`,
-  ``qmatmul``): each activation row quantized to 8 bits per 32 values (scale ``max|x| / 127``,
-  as llama.cpp does), once for all stacked parts (q/k/v, gate/up), then integer block dot
-  products. Error against ``dequantized W @ x`` in float32: per output ``i`` at most
-  ``sum_blocks (d_x / 2) * sum_{j in block} |W_ij|`` plus float32 rounding (see
-  :func:`q8_error_bound`).
+  ``qmatvec``): per block, the codes times the float32 activations, then the block's scale
+  (and its min times the block's activation sum): the float32 product of the dequantized
+  weight up to the order of the additions (see :func:`float32_error_bound`), so greedy text
+  equals the float32 reference's. ``activations="q8"`` instead rounds each activation row to
+  8 bits per 32 values (scale ``max|x| / 127``, as llama.cpp does) and multiplies in integers
+  (``qmatmul_q8x``): faster where compute-bound, off by up to :func:`q8_error_bound`.
 * more tokens (prefill): the weight is dequantized to float32 (C, multi-threaded) for the call
   and multiplied by the dense kernel: the float32 reference's result.
 """
@@ -73,8 +74,11 @@ class QuantWeight(nn.Module):
 
     is_quantized = True
 
-    def __init__(self, blocks: list[QuantTensor]):
+    def __init__(self, blocks: list[QuantTensor], activations: str = "float32"):
         super().__init__()
+        if activations not in ("float32", "q8"):
+            raise ValueError(f"activations must be 'float32' or 'q8', got {activations!r}")
+        self.activations = activations
         self.lib = native.library()
         if self.lib is None or not blocks:
             raise ValueError("QuantWeight needs the kernel library and at least one block")
@@ -95,8 +99,12 @@ class QuantWeight(nn.Module):
         return torch.float32
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, dense=None) -> torch.Tensor:
-        """``x @ W.T (+ bias)``: ``x`` float32 [T, in] -> new float32 [T, out]. ``dense``: the
-        dense linear function for the dequantized path (default ``F.linear``)."""
+        """``x @ W.T (+ bias)``: ``x`` [T, in] -> new [T, out] in x's dtype (computed in
+        float32). ``dense``: the dense linear function for the dequantized path (default
+        ``F.linear``)."""
+        if x.dtype != torch.float32:
+            bias = None if bias is None else bias.float()
+            return self.linear(x.float(), bias, dense).to(x.dtype)
         n_tok = x.shape[0]
         if n_tok > SMALL_BATCH:
             weight = self.dequantize()
@@ -105,7 +113,12 @@ class QuantWeight(nn.Module):
             return dense(x, weight, bias)
         x = x.contiguous()
         out = torch.empty(n_tok, self.shape[0], dtype=torch.float32)
-        self.lib.qmatmul(self.parts, self.n_parts, x.data_ptr(), n_tok, self.shape[1], out.data_ptr(), self.shape[0])
+        if self.activations == "q8":
+            self.lib.qmatmul_q8x(self.parts, self.n_parts, x.data_ptr(), n_tok, self.shape[1], out.data_ptr(),
+                                 self.shape[0])
+        else:
+            self.lib.qmatvec(self.parts, self.n_parts, x.data_ptr(), n_tok, self.shape[1], out.data_ptr(),
+                             self.shape[0], 0)
         return out if bias is None else out.add_(bias)
 
     def dequantize(self) -> torch.Tensor:
@@ -143,6 +156,15 @@ def dequantize_block(block: Any) -> torch.Tensor:
     if block.qtype in KERNEL_FORMATS and native.library() is not None:
         return QuantWeight([block]).dequantize()
     return torch.from_numpy(block.dequantize())
+
+
+def float32_error_bound(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Bound on ``|kernel(x) - weight @ x|`` (exact arithmetic) for float32 activations: the
+    classic bound of a float32 dot product summed in any order, ``gamma_(n+2) * sum_j |W_ij x_j|``
+    with ``gamma_k = k u / (1 - k u)``, ``u = 2**-24`` (the two extra roundings: the block
+    scale and the min term). ``weight`` [out, in], ``x`` [in]; float64 [out]."""
+    k = (x.shape[-1] + 2) * 2.0**-24
+    return (weight.double().abs() @ x.double().abs()) * (k / (1 - k))
 
 
 def q8_error_bound(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
