@@ -110,7 +110,7 @@ def test_second_turn_on_held_state_equals_reference(engines, model_dir) -> None:
 
 def _rss_after_load(keep_quantized: bool) -> int:
     code = ("import re, torch; from redlite.loading.hf import load_hf_model; "
-            f"load_hf_model({str(resolve_model_dir(bundled_model_path()))!r}, 'cpu', torch.float32, "
+            f"model = load_hf_model({str(resolve_model_dir(bundled_model_path()))!r}, 'cpu', torch.float32, "
             f"keep_quantized={keep_quantized}); "
             "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=True)

@@ -4,7 +4,6 @@
  * arithmetic as the torch layers (up to the order of float32 additions); products through
  * qmatvec (quantized or F32 rows). Driven by redlite/layers/cpu_decode.py. */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 
 #include "gguf_blocks.h"
@@ -69,6 +68,18 @@ static void attend(const float *q, const float *keys, const float *values, int64
     }
 }
 
+typedef struct { const float *qkv; const float *kv; float *out, *scores; int64_t lo, pos, max_tokens; int h, g, d; }
+    head_job;
+
+static void head_task(void *arg, int64_t begin, int64_t end) {
+    const head_job *j = (const head_job *)arg;
+    for (int64_t i = begin; i < end; i++) {
+        int64_t kvh = i / (j->h / j->g);
+        attend(j->qkv + i * j->d, j->kv + kvh * j->max_tokens * j->d, j->kv + (j->g + kvh) * j->max_tokens * j->d,
+               j->lo, j->pos, j->d, j->scores + i * (j->pos + 1), j->out + i * j->d);
+    }
+}
+
 static void attention(const model_t *m, const layer_t *l, float *qkv, int64_t pos, float *kv, int64_t max_tokens,
                       float *out, float *scores) {
     int h = m->n_heads, g = m->n_kv, d = m->head_dim;
@@ -82,13 +93,9 @@ static void attention(const model_t *m, const layer_t *l, float *qkv, int64_t po
         memcpy(kv + (i * max_tokens + pos) * d, qkv + (h + i) * d, sizeof(float) * d);
         memcpy(kv + ((g + i) * max_tokens + pos) * d, qkv + (h + g + i) * d, sizeof(float) * d);
     }
-    int64_t lo = l->window > 0 && pos + 1 > l->window ? pos + 1 - l->window : 0;
-    #pragma omp parallel for schedule(static)
-    for (int i = 0; i < h; i++) {
-        int kvh = i / (h / g);
-        attend(qkv + i * d, kv + kvh * max_tokens * d, kv + (g + kvh) * max_tokens * d, lo, pos, d,
-               scores + i * (pos + 1), out + i * d);
-    }
+    head_job job = {qkv, kv, out, scores, l->window > 0 && pos + 1 > l->window ? pos + 1 - l->window : 0, pos,
+                    max_tokens, h, g, d};
+    pool_run(head_task, &job, h, 1);
 }
 
 /* Feed `token` at position `pos`; kv: the cache [layers, 2, KV, max_tokens, D]; logits: [vocab]. */

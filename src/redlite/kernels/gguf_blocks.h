@@ -14,6 +14,11 @@ typedef struct {            /* one row block of a stacked weight (e.g. q, k, v) 
     int32_t fmt;
 } part_t;
 
+/* fn(ctx, begin, end) over chunks of [0, n), on the caller and the pool's workers (pool.c) */
+typedef void (*task_fn)(void *ctx, int64_t begin, int64_t end);
+void pool_run(task_fn fn, void *ctx, int64_t n, int64_t chunk);
+int get_threads(void);
+
 /* y[t, :] = W x[t, :] (+= when accumulate) over the stacked parts (qmatvec.c) */
 void qmatvec(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo,
              int accumulate);

@@ -1,11 +1,11 @@
 """Our small C kernels, compiled on first use and loaded through ctypes.
 
 The sources (``*.c`` next to this file) are built with the system C compiler
-(``cc -O3 -mavx2 -mfma -mf16c -fopenmp``, one shared library) into
+(``cc -O3 -mavx2 -mfma -mf16c -pthread``, one shared library) into
 ``<cache root>/kernels/<hash>.so``, where the hash covers the sources, the flags and the
 compiler's version, so a build happens once per change (about 2 s) and is then reused.
-The library links the ``libgomp.so.1`` torch already loaded, so the kernels and torch share one
-OpenMP thread pool (``torch.set_num_threads`` sets both).
+The kernels run on their own thread pool (pool.c), sized to ``torch.get_num_threads()`` when
+the library loads (:func:`set_threads` changes it).
 
 :func:`library` returns the loaded library, or None where it cannot be had (no compiler, a CPU
 without AVX2/FMA/F16C, a failed build: the reason is logged once); callers then use their torch
@@ -26,9 +26,9 @@ from pathlib import Path
 
 log = logging.getLogger("redlite.kernels")
 
-SOURCES = ("qmatmul.c", "qmatvec.c", "decode_step.c")
+SOURCES = ("qmatmul.c", "qmatvec.c", "decode_step.c", "pool.c")
 HEADERS = ("gguf_blocks.h",)
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=gnu11")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fPIC", "-shared", "-std=gnu11")
 _reason: str | None = None
 
 
@@ -88,7 +88,7 @@ def library() -> ctypes.CDLL | None:
     """The kernel library (built when needed), or None when it cannot be used (see the module
     docstring); never raises."""
     global _reason
-    import torch  # noqa: F401 - load torch's libgomp first, so ours resolves to it
+    import torch
 
     missing = {"avx2", "fma", "f16c"} - _cpu_flags()
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -103,9 +103,18 @@ def library() -> ctypes.CDLL | None:
             _reason = f"kernel build failed: {err}"
         else:
             _declare(lib)
+            lib.set_threads(torch.get_num_threads())
             return lib
     log.warning("quantized CPU kernels unavailable (%s): quantized weights are dequantized by torch", _reason)
     return None
+
+
+def set_threads(n: int) -> None:
+    """Run the kernels on ``n`` threads in all (the calling one included); no-op without the
+    library."""
+    lib = library()
+    if lib is not None:
+        lib.set_threads(int(n))
 
 
 def unavailable_reason() -> str | None:

@@ -1,9 +1,8 @@
 /* GGUF block formats on CPU: rows dequantized to float32, and y = W x with x quantized to
  * 8 bits per 32-value block (as llama.cpp does: qmatmul_q8), for Q4_0, Q4_1, Q8_0, Q4_K, Q5_K,
- * Q6_K. AVX2 + FMA + F16C; OpenMP over output rows. The float32-activation products are in
+ * Q6_K. AVX2 + FMA + F16C; rows spread over the thread pool (pool.c). The float32-activation products are in
  * qmatvec.c. Built and loaded by redlite/kernels/native.py. */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 
 #include "gguf_blocks.h"
@@ -59,23 +58,28 @@ static void dequant_row(int fmt, const uint8_t *w, int n, float *y) {
     }
 }
 
+typedef struct { const part_t *p; const int64_t *ids; int n; float *out; } rows_job;
+
+static void rows_task(void *arg, int64_t begin, int64_t end) {
+    const rows_job *j = (const rows_job *)arg;
+    for (int64_t i = begin; i < end; i++) {
+        int64_t row = j->ids ? j->ids[i] : i;
+        dequant_row(j->p->fmt, j->p->data + row * j->p->row_bytes, j->n, j->out + i * j->n);
+    }
+}
+
 /* Rows ids[i] of one part (n values each) -> out [n_ids, n] float32. */
 void dequant_rows(const part_t *p, const int64_t *ids, int64_t n_ids, int n, float *out) {
-    #pragma omp parallel for schedule(static) if (n_ids > 8)
-    for (int64_t i = 0; i < n_ids; i++) dequant_row(p->fmt, p->data + ids[i] * p->row_bytes, n, out + i * n);
+    rows_job job = {p, ids, n, out};
+    pool_run(rows_task, &job, n_ids, 8);
 }
 
 /* All rows of the stacked parts -> out [sum rows, n] float32. */
 void dequant_parts(const part_t *parts, int n_parts, int n, float *out) {
-    #pragma omp parallel
-    {
-        float *o = out;
-        for (int p = 0; p < n_parts; p++) {
-            #pragma omp for schedule(static) nowait
-            for (int r = 0; r < parts[p].rows; r++)
-                dequant_row(parts[p].fmt, parts[p].data + r * parts[p].row_bytes, n, o + (int64_t)r * n);
-            o += (int64_t)parts[p].rows * n;
-        }
+    for (int p = 0; p < n_parts; p++) {
+        rows_job job = {parts + p, NULL, n, out};
+        pool_run(rows_task, &job, parts[p].rows, 16);
+        out += (int64_t)parts[p].rows * n;
     }
 }
 
@@ -161,23 +165,29 @@ static inline float dot_row(int fmt, const uint8_t *w, const xq8 *x, int nb) {
     return NAN;
 }
 
+typedef struct { const part_t *parts; int n_parts, n_tok, n; const xq8 *xq; float *out; int64_t ldo; } q8_job;
+
+static void q8_task(void *arg, int64_t begin, int64_t end) {
+    const q8_job *j = (const q8_job *)arg;
+    int nb = j->n / 32;
+    int64_t first = 0;
+    for (int p = 0; p < j->n_parts; p++) {
+        const part_t *pt = j->parts + p;
+        int64_t lo = begin > first ? begin : first, hi = end < first + pt->rows ? end : first + pt->rows;
+        for (int64_t r = lo; r < hi; r++)
+            for (int t = 0; t < j->n_tok; t++)
+                j->out[t * j->ldo + r] = dot_row(pt->fmt, pt->data + (r - first) * pt->row_bytes, j->xq + t * nb, nb);
+        first += pt->rows;
+    }
+}
+
 /* y[t, :] = W x[t, :] for the stacked parts (each x row of n values quantized to q8 once, shared
  * by every part); out row stride ldo. */
 void qmatmul_q8(const part_t *parts, int n_parts, const xq8 *xq, int n_tok, int n, float *out, int64_t ldo) {
-    int nb = n / 32;
-    #pragma omp parallel
-    {
-        int64_t col = 0;
-        for (int p = 0; p < n_parts; p++) {
-            const part_t *pt = parts + p;
-            #pragma omp for schedule(static) nowait
-            for (int r = 0; r < pt->rows; r++) {
-                const uint8_t *w = pt->data + r * pt->row_bytes;
-                for (int t = 0; t < n_tok; t++) out[t * ldo + col + r] = dot_row(pt->fmt, w, xq + t * nb, nb);
-            }
-            col += pt->rows;
-        }
-    }
+    int64_t rows = 0;
+    for (int p = 0; p < n_parts; p++) rows += parts[p].rows;
+    q8_job job = {parts, n_parts, n_tok, n, xq, out, ldo};
+    pool_run(q8_task, &job, rows, 16);
 }
 
 void qmatmul_q8x(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo) {
@@ -188,5 +198,3 @@ void qmatmul_q8x(const part_t *parts, int n_parts, const float *x, int n_tok, in
     free(xq);
 }
 
-void set_threads(int n) { omp_set_num_threads(n); }
-int get_threads(void) { return omp_get_max_threads(); }

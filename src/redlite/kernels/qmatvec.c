@@ -2,8 +2,7 @@
  * each block's codes are converted to float and multiplied by x, then scaled (and the block's
  * min times the block sum of x added), so the result is the float32 product of the dequantized
  * weight up to the order of the float32 additions. F32 rows (dense weights) too, n a multiple
- * of 32. AVX2 + FMA + F16C; OpenMP over rows. */
-#include <omp.h>
+ * of 32. AVX2 + FMA + F16C; rows spread over the thread pool. */
 #include <stdlib.h>
 
 #include "gguf_blocks.h"
@@ -83,29 +82,45 @@ static void block_sums(const float *x, int n, float *sx) {
     }
 }
 
+typedef struct {
+    const part_t *parts;
+    int n_parts, n_tok, n, accumulate;
+    const float *x, *sx;
+    float *out;
+    int64_t ldo;
+} job_t;
+
+static void rows_task(void *arg, int64_t begin, int64_t end) {
+    const job_t *j = (const job_t *)arg;
+    int nb = j->n / 32;
+    int64_t first = 0;
+    for (int p = 0; p < j->n_parts; p++) {
+        const part_t *pt = j->parts + p;
+        int64_t lo = begin > first ? begin : first, hi = end < first + pt->rows ? end : first + pt->rows;
+        for (int64_t r = lo; r < hi; r++) {
+            const uint8_t *w = pt->data + (r - first) * pt->row_bytes;
+            for (int t = 0; t < j->n_tok; t++) {
+                float y = fdot_row(pt->fmt, w, j->x + (int64_t)t * j->n, j->sx + t * nb, j->n);
+                float *o = j->out + t * j->ldo + r;
+                *o = j->accumulate ? *o + y : y;
+            }
+        }
+        first += pt->rows;
+    }
+}
+
 /* y[t, :] = W x[t, :] (+ y[t, :] when accumulate) for the stacked parts; x rows of n values,
  * out row stride ldo. */
 void qmatvec(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo,
              int accumulate) {
     int nb = n / 32;
-    float *sx = (float *)malloc(sizeof(float) * nb * n_tok);
+    float sx_stack[1024];
+    float *sx = nb * n_tok <= 1024 ? sx_stack : (float *)malloc(sizeof(float) * nb * n_tok);
     for (int t = 0; t < n_tok; t++) block_sums(x + (int64_t)t * n, n, sx + t * nb);
-    #pragma omp parallel
-    {
-        int64_t col = 0;
-        for (int p = 0; p < n_parts; p++) {
-            const part_t *pt = parts + p;
-            #pragma omp for schedule(static) nowait
-            for (int r = 0; r < pt->rows; r++) {
-                const uint8_t *w = pt->data + r * pt->row_bytes;
-                for (int t = 0; t < n_tok; t++) {
-                    float y = fdot_row(pt->fmt, w, x + (int64_t)t * n, sx + t * nb, n);
-                    float *o = out + t * ldo + col + r;
-                    *o = accumulate ? *o + y : y;
-                }
-            }
-            col += pt->rows;
-        }
-    }
-    free(sx);
+    int64_t rows = 0;
+    for (int p = 0; p < n_parts; p++) rows += parts[p].rows;
+    job_t job = {parts, n_parts, n_tok, n, accumulate, x, sx, out, ldo};
+    int64_t chunk = rows / (8 * get_threads());
+    pool_run(rows_task, &job, rows, chunk < 16 ? 16 : chunk);
+    if (sx != sx_stack) free(sx);
 }
