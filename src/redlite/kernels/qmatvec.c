@@ -34,7 +34,10 @@ static float fdot_row(int fmt, const uint8_t *w, const float *x, const float *sx
         int stride = fmt == Q4_1 ? 20 : 18;
         for (int b = 0; b < n / 32; b++, w += stride) {
             float d = h2f(w), mn = fmt == Q4_1 ? h2f(w + 2) : -8.f * d;
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), dot32(nibbles16(w + stride - 16), x + 32 * b, 0), acc);
+            __m128i raw = _mm_loadu_si128((const __m128i *)(w + stride - 16)), m4 = _mm_set1_epi8(15);
+            __m256 p = _mm256_add_ps(dot16(_mm_and_si128(raw, m4), x + 32 * b, 0),
+                                     dot16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), x + 32 * b + 16, 0));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
             off += mn * sx[b];
         }
         break;
