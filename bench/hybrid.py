@@ -11,21 +11,25 @@ The model has the published Qwen3.5 dense shape (``--shape 9b``: hidden 4096, 32
 which every 4th is gated full attention, 16 q / 4 kv heads of 256, 16 key / 32 value heads of
 128 in the Gated DeltaNet layers, vocab 248320) with random weights: transformers builds
 ``Qwen3_5ForCausalLM`` (with flash-linear-attention's kernels where fla is installed) and
-redlite loads its ``state_dict()``. Sections (a failing one prints its error, the run goes on;
+redlite loads its ``state_dict()`` (the mixture-of-experts shape ``35b-a3b`` shares
+transformers' expert tensors instead of copying them, see bench/hybrid_moe.py). Sections (a failing one prints its error, the run goes on;
 the JSON and markdown under ``--out`` are rewritten after every section):
 
 1. ceilings: device-to-device copy bandwidth and a 8192^3 matmul (as bench/gpu.py).
 2. checks: prefill logits against transformers' forward; graph decode against eager decode.
-3. decode at 1k/8k/32k context: KV rows filled with random values and ``n_past`` set directly;
+3. decode at 1k/8k/32k context (1k/8k for 35b-a3b): KV rows filled with random values and ``n_past`` set directly;
    bound = bandwidth / (weight bytes + KV bytes at the mean context + recurrent and conv state
-   read and written once per token). Per-kernel split: the same step with ops left out.
+   read and written once per token; a MoE layer counts its router, its shared expert and
+   ``num_experts_per_tok`` routed experts). Per-kernel split: the same step with ops left out.
 4. prefill at 8k: FLOPs = 2 x layer matmul parameters per token + 2 x lm_head parameters + causal
    attention 4 x heads x head_dim x P(P+1)/2 per full-attention layer + the chunked delta rule,
-   per token and value head 6 Dk Dv + 4 C Dk + 2 C Dv (C = 64, the chunk).
+   per token and value head 6 Dk Dv + 4 C Dk + 2 C Dv (C = 64, the chunk). transformers'
+   forward over the same length beside it (35b-a3b; skip with ``hf-prefill``).
 5. fork: second turn after a fork 64 tokens before the end of a 32k conversation (the first turn's
    last message boundary): time to the first token with reuse (checkpoint restore + prefill of 64
    + first token) and without (``GeneratorSettings(reuse=False)``).
-6. transformers: ``generate`` decode tokens/s at a 1k prompt next to redlite's.
+6. transformers: ``generate`` decode tokens/s at a 1k prompt next to redlite's (the modes of
+   gpu_hf.HF_MODES, static cache + torch.compile included; skip with ``hf-generate``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 import gpu  # noqa: E402  (ceilings, timing, the shared results dict)
 from gpu_hf import StubTokenizer, first_token_s, sync, transformers_side_by_side  # noqa: E402
+from hybrid_moe import build_sharing_experts, hf_prefill_speed, moe_step_tune  # noqa: E402
 from hybrid_report import SHAPES, build_hf, markdown, meta, model_sizes  # noqa: E402
 
 R = gpu.R
@@ -126,12 +131,14 @@ def decode_split(engine, ctx, device, reps=50):
                     key = (name,) + tuple(id(a) for a in args if isinstance(a, (nn.Parameter, nn.Module)))
                     if key not in cached:
                         cached[key] = fn(*args, **kwargs)
-                    return args[3] if name == "linear_residual" else cached[key]
+                    return {"linear_residual": args[3], "moe": args[0]}.get(name, cached[key])
                 return reuse
             return fn
 
     variants = {"full step": (), "no GDN step": ("gdn_step",), "no attention": ("gated_rope_attend",),
-                "no matrix products": ("norm_linear", "linear_residual", "norm_gate_up")}
+                "no matrix products": ("norm_linear", "linear_residual", "norm_gate_up", "moe")}
+    if any(layer.moe for layer in model.layers):
+        variants["no MoE block"] = ("moe",)
     for label, leave_out in variants.items():
         variant = Skip(set(leave_out))
         with torch.inference_mode():
@@ -170,7 +177,7 @@ def prefill_speed(engine, sizes, lengths, device):
             best = min(best, time.perf_counter() - t0)
         attn = n_full * 4 * cfg["num_attention_heads"] * cfg["head_dim"] * length * (length + 1) / 2
         flops = 2 * sizes["layer_matmul_params"] * length + 2 * sizes["lm_head_params"] + attn + rule_per_token * length
-        row = {"tokens": length, "seconds": best, "tok_s": length / best, "flops": flops,
+        row = {"engine": "redlite", "tokens": length, "seconds": best, "tok_s": length / best, "flops": flops,
                "tflops": flops / best / 1e12, "pct_of_matmul_peak": 100 * flops / best / peak if peak else None,
                "fla": fla_available(device)}
         R["prefill"].append(row)
@@ -240,7 +247,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shape", choices=sorted(SHAPES), help="default: 9b on CUDA, 0.8b elsewhere")
     parser.add_argument("--decode-tokens", type=int, default=None)
-    parser.add_argument("--skip", default="", help="comma-separated: hf,hf-compile,decode,split,prefill,fork")
+    parser.add_argument("--skip", default="", help="comma-separated: hf,hf-compile,hf-generate,hf-prefill,"
+                        "decode,split,prefill,fork")
     parser.add_argument("--profile-fork", help="write a torch.profiler table of one reuse fork to this file")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -260,14 +268,20 @@ def main() -> None:
 
     started = time.perf_counter()
     hf = build_hf(SHAPES[shape], device, dtype)
-    model = Qwen3_5Model(SHAPES[shape], device=device, dtype=dtype)
-    model.load_hf_weights(hf.state_dict())
+    if SHAPES[shape].get("num_experts"):
+        model = build_sharing_experts(SHAPES[shape], hf, device, dtype)
+    else:
+        model = Qwen3_5Model(SHAPES[shape], device=device, dtype=dtype)
+        model.load_hf_weights(hf.state_dict())
     if "hf" in skip:
         del hf
         hf = None
+    if cuda and SHAPES[shape].get("num_experts"):
+        section("moe step tune", moe_step_tune, R, model, device)
     sizes = R["meta"]["sizes"] = model_sizes(model)
-    contexts = [1024, 8192, 32768] if cuda else [256, 1024]
-    engine = TorchEngine(model, ctx_size=max(contexts) + 1024, device=device, dtype=dtype)
+    contexts = ([1024, 8192] if "num_experts" in SHAPES[shape] else [1024, 8192, 32768]) if cuda else [256, 1024]
+    fork_ctx = 32768 if cuda else 1024
+    engine = TorchEngine(model, ctx_size=max(contexts + [fork_ctx]) + 1024, device=device, dtype=dtype)
     say(f"built in {time.perf_counter() - started:.1f} s: {sizes['params'] / 1e9:.2f} B parameters, "
         f"{sizes['weight_bytes_per_token'] / 1e9:.2f} GB weights read per decode token")
     section("checks", checks, hf, engine, device)
@@ -276,11 +290,14 @@ def main() -> None:
     if cuda and "split" not in skip:
         section("decode split", decode_split, engine, 8192, device)
     section("checkpoint", checkpoint_cost, engine, device)
+    prefill_lengths = [8192] if cuda else [512]
     if "prefill" not in skip:
-        section("prefill", prefill_speed, engine, sizes, [8192] if cuda else [512], device)
+        section("prefill", prefill_speed, engine, sizes, prefill_lengths, device)
+    if hf is not None and "num_experts" in SHAPES[shape] and "hf-prefill" not in skip:
+        section("transformers prefill", hf_prefill_speed, R, hf, engine, prefill_lengths, device)
     if "fork" not in skip:
-        section("fork", fork, engine, 32768 if cuda else 1024, device, args.profile_fork)
-    if hf is not None:
+        section("fork", fork, engine, fork_ctx, device, args.profile_fork)
+    if hf is not None and "hf-generate" not in skip:
         from gpu_hf import HF_MODES
 
         modes = [m for m in HF_MODES if "compile" not in m or ("hf-compile" not in skip and cuda)]

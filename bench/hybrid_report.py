@@ -37,6 +37,9 @@ SHAPES = {
              "linear_num_value_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
              "tie_word_embeddings": False},
 }
+SHAPES["tiny-moe"] = {**SHAPES["tiny"], "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+                      "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                      "shared_expert_intermediate_size": 64}
 
 NOTES = [
     "Random weights (transformers' initialisation) in the Qwen3.5 shape named; redlite loads the "
@@ -50,6 +53,11 @@ NOTES = [
     "Prefill FLOPs = 2 x layer matmul parameters per token + 2 x lm_head parameters + causal attention "
     "4 x heads x head_dim x P(P+1)/2 per full-attention layer + the chunked delta rule "
     "(6 Dk Dv + 4 C Dk + 2 C Dv per token and value head, C = 64).",
+    "Mixture-of-experts shape (35b-a3b): redlite's model uses transformers' own expert tensors (one "
+    "70 GB copy on the device); a decode token reads the router, the shared expert and the "
+    "num_experts_per_tok chosen experts of every layer, and the bound counts exactly those bytes. The MoE "
+    "step settings are swept on the model's first 8 layers before the decode graph is captured (table "
+    "above); transformers' prefill is one forward over the same prompt (no cache, last logits only).",
     "Fork: turn 1 is a random prompt with a message boundary 64 tokens before its end + 8 generated "
     "tokens (checkpoints every 8192 tokens, at the boundary and at the end); turn 2 keeps the prompt up "
     "to the boundary and adds 64 new tokens. Reuse: best of 3; no reuse: once.",
@@ -100,7 +108,7 @@ def model_sizes(model) -> dict:
         if getattr(layer, "moe", False):
             per_expert = (mlp.gate_up_weight[0].numel() + mlp.down_weight[0].numel())
             read -= (mlp.num_experts - mlp.top_k) * per_expert * esize
-            matmul += (mlp.top_k * per_expert + mlp.router_weight.numel() + mlp.shared_gate_weight.numel()
+            matmul += (mlp.top_k * per_expert + mlp.gates_weight.numel()
                        + mlp.shared.gate_up_weight.numel() + mlp.shared.down_weight.numel())
         else:
             matmul += mlp.gate_up_weight.numel() + mlp.down_weight.numel()
@@ -140,14 +148,23 @@ def markdown(R: dict) -> str:
     if R.get("decode_split"):
         lines += ["| decode step variant | context | ms |", "|---|---:|---:|"]
         lines += [f"| {r['variant']} | {r['context']} | {r['ms']:.3f} |" for r in R["decode_split"]] + [""]
+    if R.get("moe_tune"):
+        lines += ["| MoE decode step (one layer) | µs | GB/s | % of copy bandwidth |", "|---|---:|---:|---:|"]
+        lines += [f"| {r['variant']} | {r['us_per_layer']:.2f} | {r['GBps']:.0f} | {_fmt(r['pct_of_copy_bw'])}% |"
+                  for r in R["moe_tune"] if "us_per_layer" in r] + [""]
+        lines += ["MoE step kernels, µs per layer: " + ", ".join(f"{k} {v:.2f}" for k, v in r["kernels_us"].items())
+                  for r in R["moe_tune"] if "kernels_us" in r] + [""]
     if R.get("checkpoint"):
         k = R["checkpoint"]
         lines += [f"checkpoint: {k['bytes'] / 2 ** 20:.1f} MiB on {k['device']}, take {k['take_ms']:.3f} ms, "
                   f"restore {k['restore_ms']:.3f} ms", ""]
     if R.get("prefill"):
-        lines += ["| prefill tokens | tok/s | ms | TFLOP/s | % of matmul peak | fla |", "|---:|---:|---:|---:|---:|---|"]
-        lines += [f"| {r['tokens']} | {r['tok_s']:.0f} | {r['seconds'] * 1e3:.1f} | {r['tflops']:.1f} "
-                  f"| {_fmt(r['pct_of_matmul_peak'])}% | {r['fla']} |" for r in R["prefill"]] + [""]
+        lines += ["| prefill engine | tokens | tok/s | ms | TFLOP/s | % of matmul peak | fla |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        lines += [f"| {r.get('engine', 'redlite')} | {r['tokens']} | {r['tok_s']:.0f} | {r['seconds'] * 1e3:.1f} "
+                  f"| {_fmt(r['tflops'])} | {_fmt(r['pct_of_matmul_peak'])}% | {r['fla']} |" for r in R["prefill"]]
+        lines += [f"\nredlite prefill / transformers prefill at {n}: {x:.2f}x"
+                  for n, x in (R.get("prefill_vs_transformers") or {}).items()] + [""]
     if R.get("fork"):
         lines += ["| fork: held, forked before end | reuse ms | no reuse ms | no reuse / reuse |", "|---|---:|---:|---:|"]
         lines += [f"| {r['context']}, {r['fork_before_end']} | {r['reuse_ms']:.1f} | {r['no_reuse_ms']:.1f} "

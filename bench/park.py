@@ -46,7 +46,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from redlite.core.conversations import capture, install  # noqa: E402
+from redlite.core.live_state import capture, install  # noqa: E402
 from redlite.core.generation import Generator, GeneratorSettings  # noqa: E402
 from redlite.core.sessions import SessionStore, expected_for  # noqa: E402
 

@@ -20,14 +20,18 @@ from redlite.server.slots import SlotService
 
 
 def echo_state(slot_dir: Path | None = None, security: SecurityOptions | None = None,
-               max_tokens: int | None = None, **state_fields) -> ServerState:
+               max_tokens: int | None = None, park_device_bytes: int = 0,
+               **state_fields) -> ServerState:
     """A ServerState over a fresh echo engine and worker thread (stop it with
-    ``state.worker.shutdown()``); ``max_tokens``: the server-side cap (``--max-tokens``)."""
-    engine = EchoEngine()
+    ``state.worker.shutdown()``); ``max_tokens``: the server-side cap (``--max-tokens``);
+    ``park_device_bytes``: ``--park-device-mib`` in bytes (the engine then counts as holding
+    its state in device memory)."""
+    engine = EchoEngine(device_resident=park_device_bytes > 0)
     # one prefill call per request whatever its length, so tests can count requests' prefills
     generator = Generator(engine, ByteTokenizer(), GeneratorSettings(prefill_chunk=1 << 30,
                                                                  max_tokens=max_tokens))
-    generator.parking = Conversations(ParkingPool(1 << 20, 4), None)
+    generator.parking = Conversations(ParkingPool(1 << 20, 4, device_budget_bytes=park_device_bytes),
+                                      None)
     worker = EngineWorker(generator, max_queue=4)
     slots = None
     if slot_dir is not None:

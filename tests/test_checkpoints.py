@@ -4,7 +4,7 @@ real server with the echo engine in its non-rewindable mode."""
 import httpx
 
 from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.checkpoints import CheckpointStore, prefill_split_points
+from redlite.core.checkpoints import CheckpointStore, preamble_end, prefill_split_points
 from redlite.engine.base import Checkpoint
 
 tok = ByteTokenizer()
@@ -41,6 +41,29 @@ def test_store_over_budget_with_only_turn_boundaries_drops_oldest():
     for position in (10, 20, 30):
         store.add(cp(position, turn=True))
     assert store.positions == [20, 30]
+
+
+def test_pinned_preamble_is_thinned_last():
+    store = CheckpointStore(budget_bytes=350)
+    store.add(cp(10), pinned=True)
+    for position in (20, 30, 40, 50):
+        store.add(cp(position, turn=position % 20 == 0))
+    assert store.positions == [10, 40, 50]  # interior first, then the oldest turn boundary
+    store.add(cp(60, turn=True))
+    assert store.positions == [10, 40, 60]
+    store.budget_bytes = 150
+    store.add(cp(70))
+    assert store.positions == [70]  # the pinned one goes last, the newest stays
+    store.budget_bytes = 250
+    store.add(cp(80), pinned=True)
+    store.drop_after(75)  # the pinned one is cut: no pin
+    store.pin(70)  # a kept checkpoint pinned again (a restored conversation)
+    store.add(cp(90, turn=True))
+    store.add(cp(100, turn=True))
+    assert store.positions == [70, 100]
+    assert preamble_end([5, 9, 12], ["system", "developer", "user"]) == 9
+    assert preamble_end([5, 9], ["user", "assistant"]) is None
+    assert preamble_end([5], ["system", "user"]) is None  # not aligned
 
 
 def ask(server, messages):

@@ -4,14 +4,18 @@ prefix is the live state or another parked entry) holds through rewinds, resets,
 eviction and the disk tier. In-process, echo engine (rewindable and recurrent-like)."""
 
 import logging
+import re
 
 import pytest
 
-from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.conversations import Conversations, reset
+from redlite.core.byte_tokenizer import END, ByteTokenizer
+from redlite.core.conversations import Conversations
+from redlite.core.live_state import capture, install, reset
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
-from redlite.core.parking import LIVE, EntryStats, ParkingPool, plan_fit
+from redlite.core.eviction import EntryStats, plan_fit
+from redlite.core.parking import LIVE, ParkingPool
 from redlite.core.sessions import SessionStore, expected_for
+from redlite.engine.base import SamplingParams
 from redlite.engine.echo import EchoEngine
 
 tok = ByteTokenizer()
@@ -125,8 +129,10 @@ def test_two_conversations_and_their_forks_hold_each_prefix_once(can_rewind):
         assert answer == cold_answer(can_rewind, nxt)
 
 
-@pytest.mark.parametrize("via", ["reset", "rewind-below"])
+@pytest.mark.parametrize("via", ["reset", "rewind-below", "install"])
 def test_live_cut_below_a_tail_makes_it_whole(via, caplog):
+    """Whatever cuts or replaces the live state first gives the tails parked on it their
+    prefix (``install``: the slot API's restore of a file, say)."""
     caplog.set_level(logging.INFO)
     gen = make()
     answer_a, _ = chat(gen, A)
@@ -135,6 +141,11 @@ def test_live_cut_below_a_tail_makes_it_whole(via, caplog):
     [entry] = gen.parking.pool.entries()
     if via == "reset":
         reset(gen)  # the slot API's erase
+        assert entry.parent is None and entry.base == 0
+    elif via == "install":
+        other = make(parking=False)
+        chat(other, B)
+        assert install(gen, capture(other, "slot", 0.0)) and gen.held_ids == other.held_ids
         assert entry.parent is None and entry.base == 0
     else:
         gen.parking.before_cut(gen, 3)  # as the generator does before rewinding to 3 tokens
@@ -170,6 +181,8 @@ def test_device_budget_then_host(caplog):
     assert pool.device_nbytes <= 1500 and pool.host_nbytes == sum(e.nbytes for e in pool.entries()
                                                                   if not e.on_device)
     assert "tier=device" in caplog.text and "tier=ram" in caplog.text
+    assert "restored from device" in caplog.text  # the third request took A's tail back
+    assert gen.parking.restores == {"device": 1}
 
 
 def test_evicted_tail_goes_to_disk_whole(tmp_path, caplog):
@@ -212,3 +225,86 @@ def test_eviction_takes_leaves_only():
     entries = [stats("d", 400, on_device=True), stats("h", 400)]
     assert plan_fit(entries, 400, 8, device_budget_bytes=400) == []
     assert plan_fit(entries, 400, 8, device_budget_bytes=300) == ["d"]
+
+
+# --- the issue's scenario: two conversations, each answered, regenerated, then a second turn ----
+
+X = [SYSTEM, {"role": "user", "content": "Conversation X: " + "a long brief about lighthouses. " * 12}]
+Y = [SYSTEM, {"role": "user", "content": "Conversation Y: a short question about fog."}]
+
+
+def regenerate(gen, messages, answer):
+    """A sampled regenerate: the same prompt, another answer (its first token differs)."""
+    rendered, ids = tok.render_chat(messages), tok.encode(answer)
+    sampling = SamplingParams(logit_bias=((ids[0], -100.0), (END, -100.0)))
+    out = list(gen.run(GenerationRequest(rendered.token_ids, message_ends=rendered.message_ends,
+                                         sampling=sampling, max_tokens=len(ids))))
+    assert gen.engine.held_ids == gen.held_ids
+    return "".join(event.value for event in out[:-1]), out[-1]
+
+
+def distinct_prefixes(branches):
+    """Token states a set of branches needs when each shared prefix is held once (a trie)."""
+    return len({tuple(ids[:i + 1]) for ids in branches for i in range(len(ids))})
+
+
+@pytest.mark.parametrize("can_rewind", [True, False])
+def test_six_requests_hold_each_shared_prefix_once(can_rewind, caplog):
+    caplog.set_level(logging.INFO)
+    gen = make(can_rewind)
+    parks = []  # per switch: (tokens the live state held, tokens the new request kept of them)
+    twice = 0  # tokens a switch prefills again (they are in the parked tail as well)
+
+    def step(send):
+        held = len(gen.held_ids)
+        answer, result = send()
+        if held:
+            parks.append((held, result.cached_tokens))
+            nonlocal twice
+            twice += result.plan.common - result.cached_tokens
+        return answer
+
+    for messages in (X, Y):
+        answer = step(lambda: chat(gen, messages))
+        again = step(lambda: regenerate(gen, messages, answer))
+        assert again != answer
+        # the client sends the answer back re-rendered (its end differs, as a template that
+        # drops the reasoning does) with a new user message: a rewind of a few tokens
+        step(lambda: chat(gen, follow(messages, again[:-2], "And then?")))
+    pool = gen.parking.pool
+    entries = pool.entries()
+    assert len(parks) == len(entries) == 5 and all(e.is_tail for e in entries)
+    assert sorted((len(e.held_ids), e.base) for e in entries) == sorted(parks)
+    for held, keep in parks:
+        assert f"parked {held - keep} tok" in caplog.text
+        assert re.search(rf"tokens \[{keep}, {held}\) tier=ram as parked-\d+ \(tail on the live "
+                         rf"prefix \[0, {keep}\)\)", caplog.text)
+    tails = sum(len(e.held_ids) - e.base for e in entries)
+    # bytes: the state of the tails only (echo: 8 bytes a token), checkpoints past each base, ids
+    assert sum(e.snapshot.nbytes for e in entries) == 8 * tails
+    assert pool.nbytes == pool.host_nbytes == 8 * tails + sum(
+        c.nbytes for e in entries for c in e.checkpoints) + 8 * sum(len(e.held_ids) for e in entries)
+    assert all(c.position > e.base for e in entries for c in e.checkpoints)
+    branches = [gen.held_ids] + [e.held_ids for e in entries]
+    # each shared prefix once: the live state and the tails make a trie, but for the tokens a
+    # switch prefills again (a rewind: the prompt's last token; a recurrent state: from its
+    # checkpoint to the fork)
+    assert tails + len(gen.held_ids) == distinct_prefixes(branches) + twice
+    assert twice == 2 if can_rewind else 0 < twice < tails / 2
+
+
+
+def test_a_fork_hashes_the_prompt_and_the_held_ids_once(monkeypatch):
+    """The prefix index's block hashes (about 1 ms per 32k tokens) are computed once for the
+    prompt's lookup and once for the parked tail's held ids (superseded check, index)."""
+    from redlite.core import prefix_index
+
+    gen = make()
+    chat(gen, A)
+    calls = []
+    real = prefix_index.block_hashes
+    monkeypatch.setattr(prefix_index, "block_hashes",
+                        lambda ids, *args: calls.append(len(ids)) or real(ids, *args))
+    chat(gen, A2)
+    [entry] = gen.parking.pool.entries()
+    assert sorted(calls) == sorted([len(tok.render_chat(A2).token_ids), len(entry.held_ids)])

@@ -98,14 +98,20 @@ def run(gen, ids, max_tokens=10):
     return result
 
 
+def generator(model, parking=True):
+    gen = Generator(engine_for(model), tok, GeneratorSettings(checkpoint_interval=8))
+    if parking:
+        gen.parking = Conversations(ParkingPool(64 << 20, 8), None)
+    return gen
+
+
 def cold(model, ids):
-    return run(Generator(engine_for(model), tok, GeneratorSettings(checkpoint_interval=8)), ids).answer_ids
+    return run(generator(model, parking=False), ids).answer_ids
 
 
 def test_fork_parks_the_tail_and_restores_like_cold(model, caplog):
     caplog.set_level(logging.INFO)
-    gen = Generator(engine_for(model), tok, GeneratorSettings(checkpoint_interval=8))
-    gen.parking = Conversations(ParkingPool(64 << 20, 8), None)
+    gen = generator(model)
     engine = gen.engine
     a = [(i * 5 + 1) % 250 for i in range(50)]
     b = [(i * 11 + 2) % 250 for i in range(45)]
@@ -125,3 +131,45 @@ def test_fork_parks_the_tail_and_restores_like_cold(model, caplog):
         assert warm.cached_tokens >= len(branch) + len(answer) - 1  # all that branch held
         assert warm.answer_ids == cold(model, nxt)
     assert "restored from ram" in caplog.text
+
+
+def test_six_requests_park_tails_only(model, caplog):
+    """The issue's scenario (two conversations, each answered, regenerated, then a second turn
+    on a re-rendered answer): the pool holds the tails' bytes, not copies of shared prefixes."""
+    caplog.set_level(logging.INFO)
+    gen = generator(model)
+    engine = gen.engine
+    shared = [(i * 13 + 5) % 250 for i in range(20)]  # a system prompt
+    parks, twice = [], 0  # per switch (held, kept); tokens a switch prefills again
+
+    def step(ids, sampling=SamplingParams(temperature=0.0)):
+        nonlocal twice
+        held = len(gen.held_ids)
+        result = list(gen.run(GenerationRequest(list(ids), max_tokens=10, sampling=sampling)))[-1]
+        if held:
+            parks.append((held, result.cached_tokens))
+            twice += result.plan.common - result.cached_tokens
+        return result
+
+    for topic in (1, 2):
+        prompt = shared + [(i * 7 + topic) % 250 for i in range(30 * topic)]
+        first = step(prompt)
+        again = step(prompt, SamplingParams(temperature=5.0, seed=topic))  # a sampled regenerate
+        assert again.answer_ids != first.answer_ids
+        step(prompt + again.answer_ids[:-3] + [4, 5, 6])  # the answer re-rendered, a new turn
+    entries = gen.parking.pool.entries()
+    assert len(entries) == 5 and all(e.is_tail for e in entries)
+    assert sorted((len(e.held_ids), e.base) for e in entries) == sorted(parks)
+    end_state = 0 if engine.can_rewind else engine.state.recurrent_nbytes()
+    tails = [len(e.held_ids) - e.base for e in entries]
+    state = sum(engine.range_nbytes(0, n) + end_state for n in tails)
+    assert sum(e.snapshot.nbytes for e in entries) == state
+    assert gen.parking.pool.nbytes == state + sum(c.nbytes for e in entries for c in e.checkpoints) \
+        + 8 * sum(len(e.held_ids) for e in entries)
+    whole = sum(engine.range_nbytes(0, len(e.held_ids)) + end_state for e in entries)
+    assert state < whole / 2  # before issue 16 the pool held whole copies
+    for held, keep in parks:
+        assert f"parked {held - keep} tok" in caplog.text
+    branches = {tuple(gen.held_ids[:i + 1]) for i in range(len(gen.held_ids))}
+    branches |= {tuple(e.held_ids[:i + 1]) for e in entries for i in range(len(e.held_ids))}
+    assert sum(tails) + len(gen.held_ids) == len(branches) + twice  # each shared prefix once

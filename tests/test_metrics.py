@@ -145,3 +145,28 @@ def test_session_keys_in_conversations():
         chat(client, "agent-b", "agent b asks something else")
         listed = client.get("/v1/conversations").json()["data"]
     assert [(c["tier"], c["session_key"]) for c in listed] == [("live", "agent-b"), ("ram", "agent-a")]
+
+
+def test_tails_kept_on_the_device_are_the_device_tier():
+    """--park-device-mib: a parked state kept in device memory is reported as tier ``device``
+    (listing, totals, budget, metrics, restores), one in host memory as ``ram``."""
+    with echo_client(park_device_bytes=600) as client:
+        complete(client, "first conversation here")    # 26 tok held: 26 * 16 bytes fit the device
+        complete(client, "second conversation, longer")  # parks the first on the device
+        complete(client, "third")                       # the device is full: the second to RAM
+        listed = client.get("/v1/conversations").json()
+        m = samples(client)
+        complete(client, "first conversation here and more")  # restored from the device
+        after = samples(client)
+    assert [c["tier"] for c in listed["data"]] == ["live", "device", "ram"]
+    device = listed["data"][1]
+    assert device["tokens"] == len("first conversation here") + 3
+    assert listed["tiers"]["device"] == {"conversations": 1, "tokens": device["tokens"],
+                                         "bytes": device["bytes"], "budget_bytes": 600}
+    assert listed["tiers"]["ram"]["conversations"] == 1
+    for tier in ("live", "device", "ram"):
+        assert value(m, "redlite_conversations", tier=tier) == 1
+        assert value(m, "redlite_conversation_bytes", tier=tier) == listed["tiers"][tier]["bytes"]
+    assert value(m, "redlite_tier_budget_bytes", tier="device") == 600
+    assert value(after, "redlite_restores_total", tier="device") == 1
+    assert value(after, "redlite_restores_total", tier="ram") == 0

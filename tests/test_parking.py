@@ -5,8 +5,9 @@ import random
 import numpy as np
 import pytest
 
-from redlite.core.parking import (LIVE, Candidate, EntryStats, ParkedEntry, ParkingPool,
-                                  choose_candidate, entry_values, plan_eviction, usable_prefix)
+from redlite.core.eviction import EntryStats, entry_values, plan_eviction
+from redlite.core.parking import (LIVE, Candidate, ParkedEntry, ParkingPool, choose_candidate,
+                                  usable_prefix)
 from redlite.core.prefix_index import PrefixIndex
 from redlite.core.reuse import common_prefix_length, plan_reuse
 from redlite.engine.base import StateSnapshot

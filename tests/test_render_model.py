@@ -83,3 +83,49 @@ def test_a_long_render_does_not_stall_other_threads(tok):
     # tokenizing runs without the GIL and rendering yields it every switch interval (a
     # GIL-holding encode stalled this thread for most of the work)
     assert max(gaps) < 0.25 * (last - started), (max(gaps), last - started)
+
+
+def test_the_template_probe_bounds_every_turn(tok):
+    from redlite.core.tokenizer import min_chat_tokens
+
+    assert tok.turn_tokens == 4  # ChatML: <|im_start|> and <|im_end|> around both messages
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for messages in (conversation(1), conversation(40), conversation(41)[1:],
+                     [{"role": "user", "content": "a"}] * 5 + [{"role": "assistant", "content": "b"}] * 5):
+        rendered = tok.render_chat(messages)
+        assert 0 < min_chat_tokens(messages, tok) <= len(rendered.token_ids)
+        assert min_chat_tokens(messages, tok) <= len(tok.render_chat(messages, tools=tools).token_ids)
+
+
+def test_ten_thousand_messages_are_refused_without_rendering(tok, monkeypatch):
+    from redlite.core.chat import ChatRequest
+    from redlite.server.chat_service import ChatService
+    from redlite.server.errors import APIError
+
+    service = ChatService(worker=None, tokenizer=tok, max_context=8192)
+    tok.turn_tokens  # probed once, at load in the server
+    renders = []
+    real = tok._render
+    monkeypatch.setattr(tok, "_render", lambda *a, **k: renders.append(1) or real(*a, **k))
+    messages = [{"role": ("user", "assistant")[i % 2], "content": f"m{i}"} for i in range(10_000)]
+    started = time.process_time()
+    with pytest.raises(APIError) as refused:
+        service.prepare_sync(ChatRequest(messages=messages + [{"role": "user", "content": "hi"}]))
+    assert refused.value.status == 400 and refused.value.param == "messages"
+    at_least = int(refused.value.message.split("at least ")[1].split()[0])
+    assert 20_000 < at_least < 10_000 * 10  # 5,000 turns x 4 special tokens, plus the text
+    assert renders == [] and time.process_time() - started < 0.2
+    # one that fits is still rendered
+    service.prepare_sync(ChatRequest(messages=messages[:100] + [{"role": "user", "content": "hi"}]))
+    assert renders
+
+
+@pytest.mark.parametrize("template, per_turn", [("qwen3_tools.jinja", 4), ("llama3_tools.jinja", 0)])
+def test_the_probe_reads_each_template(template, per_turn):
+    """Qwen3's template is ChatML; Llama 3's markup is plain text in this vocabulary (no
+    special tokens to count: no bound, never a wrong one)."""
+    from pathlib import Path
+
+    tokenizer = load_tokenizer(resolve_model_dir(bundled_model_path()))
+    tokenizer.transformers_tokenizer.chat_template = (Path(__file__).parent / "templates" / template).read_text()
+    assert tokenizer.turn_tokens == per_turn

@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from redlite.core.conversations import capture, install
+from redlite.core.live_state import capture, install
 from redlite.core.generation import Generator, GeneratorSettings
 from redlite.core.session_file import Expected, SessionFileError, open_state_file, write_state_file
 from redlite.core.sessions import SessionStore, entry_to_file, expected_for

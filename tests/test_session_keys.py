@@ -47,3 +47,12 @@ def test_main_and_sub_agent_interleaved_keep_their_state(caplog):
                 history.append({"role": "assistant", "content": answer["content"]})
         text = "\n".join(caplog.messages)
         assert "session=main-1" in text and "session=sub-7" in text
+
+
+def test_body_session_field_per_wire():
+    from redlite.server.session_key import body_session_value, wire_of_path
+
+    assert wire_of_path("/v1/messages") == "anthropic" and wire_of_path("/v1/responses") == "openai"
+    assert body_session_value("anthropic", {"metadata": {"user_id": "u"}}) == "u"
+    assert body_session_value("anthropic", {"metadata": None, "prompt_cache_key": "k"}) is None
+    assert body_session_value("openai", {"prompt_cache_key": "k", "metadata": {"user_id": "u"}}) == "k"

@@ -77,7 +77,7 @@ def test_pool_of_one_spills_the_least_valuable_to_disk(start_server, tmp_path):
     assert cached == held(A, answer)
     log = server.log()
     assert "reason=value -> disk" in log and "restored from disk" in log
-    sizes = [int(m) for m in re.findall(r"ram pool \d+ entries, (\d+) bytes", log)]
+    sizes = [int(m) for m in re.findall(r"pool \d+ entries, (\d+) bytes host", log)]
     assert sizes and max(sizes) <= 0.006 * (1 << 20)
 
 

@@ -60,7 +60,7 @@ def check_gated_attention(device, dtype, tol, gen):
             want_cache = cache.clone()
             want = REF.gated_rope_attend(qkv, pos, cos, sin, qn, kn, 1e-6, want_cache[0], want_cache[1], heads, kv,
                                          dim, 200)
-            for splits in (1, 3):
+            for splits in (1, 3, 130):  # 130: the combine takes the head in feature chunks
                 got_cache = cache.clone()
                 got = tk.decode_attention(qkv, pos, cos, sin, qn, 1e-6, got_cache[0], got_cache[1], heads, kv, dim,
                                           None, splits, counters, gated=True, k_norm_weight=kn).view(1, -1)

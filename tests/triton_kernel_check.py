@@ -70,7 +70,7 @@ def check_attention(device, dtype, tol, gen):
                 want_cache = cache.clone()
                 want = REF.rope_attend(qkv, pos, cos, sin, nw, 1e-6, want_cache[0], want_cache[1], heads, kv, dim,
                                        300, window)
-                for splits in (1, 3, 7):
+                for splits in (1, 3, 7, 200):  # 200: the combine takes the head in feature chunks
                     got_cache = cache.clone()
                     got = tk.decode_attention(qkv, pos, cos, sin, nw, 1e-6, got_cache[0], got_cache[1], heads,
                                               kv, dim, window, splits, counters)

@@ -62,6 +62,7 @@ class ByteTokenizer:
     vocab_size = VOCAB_SIZE
     eos_token_ids = frozenset({END})
     max_token_chars = max(len(s) for s in SPECIAL_TOKENS)  # a byte is at most one character
+    turn_tokens = 4  # a user and an assistant message: a role token and <|end|> each
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []

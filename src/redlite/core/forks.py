@@ -22,7 +22,7 @@ the live dependants past ``keep`` are handed to an *heir* (the entry that just p
 state, which holds their prefix), or rebased onto ``[0, keep)`` by copying the live rows
 ``[keep, base)`` into them (a whole entry when ``keep`` is 0), or, when the live state is not
 trusted (after a failure), dropped with their own dependants (one log line each, with the
-reason). Pool eviction only takes leaves (:func:`~redlite.core.parking.plan_fit`), so a parent
+reason). Pool eviction only takes leaves (:func:`~redlite.core.eviction.plan_fit`), so a parent
 never leaves before its dependants; an entry taken out to become the live state hands its
 dependants to ``LIVE`` (:meth:`Lineage.adopt`).
 
@@ -38,6 +38,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Hashable
 
+from redlite.core.eviction import plan_fit
 from redlite.core.parking import LIVE, ParkedCheckpoint, ParkedEntry, ParkingPool, tensor_nbytes
 
 if TYPE_CHECKING:
@@ -172,8 +173,6 @@ class Lineage:
 
     def _fit(self) -> None:
         """After rebases grew entries: spill leaves until the pool fits its budgets."""
-        from redlite.core.parking import plan_fit
-
         pool = self.pool
         evict = plan_fit([pool.stats(e) for e in pool.entries()], pool.budget_bytes,
                          pool.max_entries, frozenset(), pool.device_budget_bytes) or []

@@ -7,6 +7,11 @@ that hit ``max_tokens`` and the token that completed a stop sequence are not hel
 and the engine agree at every moment; when a request fails mid-way the history is marked
 untrusted and the next request resets.
 
+Tokens come from the engine's token stream when it samples the request itself (on the device,
+one token ahead of the host: the step that feeds token n runs while the host reads,
+detokenizes and scans it; a token that ends the answer is taken back, see
+:mod:`redlite.core.token_loop`), else from a host sampler over each step's logits.
+
 A request with ``n`` > 1 runs its choices one after another: each later choice plans against
 the held state of the previous one (prompt + its answer), so the planner rewinds (or restores
 the checkpoint at the prompt's end) and only the answer is recomputed; later choices skip the
@@ -22,11 +27,12 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
-from redlite.core.checkpoints import CheckpointStore, prefill_split_points
+from redlite.core.checkpoints import CheckpointStore, preamble_end, prefill_split_points
 from redlite.core.divergence import describe_divergence, describe_message
 from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
 from redlite.core.chat import ChatOutput, OutputEvent
 from redlite.core.output_scanner import OutputScanner, ParseOptions
+from redlite.core.token_loop import HostLoop, StreamLoop
 from redlite.core.tokenizer import Tokenizer
 from redlite.engine.base import Engine, EngineError, SamplingParams, TokenLogprob
 
@@ -173,6 +179,9 @@ class Generator:
         else:  # checkpoints on message boundaries, every checkpoint_interval tokens, at the end
             ends = prefill_split_points(plan.keep, len(prompt), request.message_ends,
                                         self.settings.checkpoint_interval)
+        preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info])
+        if preamble is not None and preamble <= plan.keep:  # kept (e.g. a restored conversation)
+            self.checkpoints.pin(preamble)
         start = plan.keep
         for end in ends:
             while start < end:
@@ -189,7 +198,7 @@ class Generator:
             if not engine.can_rewind and self.settings.checkpoint_bytes > 0:
                 checkpoint = engine.take_checkpoint(logits, turn_boundary=end == len(prompt))
                 if checkpoint is not None:
-                    self.checkpoints.add(checkpoint)
+                    self.checkpoints.add(checkpoint, pinned=end == preamble)
         if len(ends) > 1 or not engine.can_rewind:
             log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
         return logits, True
@@ -217,16 +226,22 @@ class Generator:
                 return
             yield from self._run_choice(request, index)
 
-    def _make_sampler(self, request: GenerationRequest, index: int):
+    def _token_loop(self, request: GenerationRequest, index: int, logits: Any) -> HostLoop | StreamLoop:
+        """The engine's token stream for this choice when it serves its sampling params, else
+        host sampling. With a seed, choice i samples with ``seed + i``."""
         params = request.sampling
         if index and params.seed is not None:
             params = replace(params, seed=params.seed + index)
+        if not params.needs_host:
+            stream = self.engine.token_stream(params, logits)
+            if stream is not None:
+                return StreamLoop(stream)
         matcher = None
         if params.constraint is not None:
             from redlite.core.grammar import GrammarMatcher, grammar_tokenizer
 
             matcher = GrammarMatcher(params.constraint, grammar_tokenizer(self.tokenizer))
-        return self.engine.make_sampler(params, request.prompt_ids, matcher)
+        return HostLoop(self.engine, self.engine.make_sampler(params, request.prompt_ids, matcher), logits)
 
     def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
         prompt = request.prompt_ids
@@ -265,7 +280,6 @@ class Generator:
             max_tokens = min(max_tokens or self.settings.max_tokens, self.settings.max_tokens)
         # the answer's region starts where the template's generation prompt does
         self._answer_start = request.message_ends[-1] if request.message_ends else len(prompt)
-        sampler = self._make_sampler(request, index)
         records: list[TokenLogprob] | None = [] if request.sampling.logprobs is not None else None
         decoder = self.tokenizer.incremental_decoder()
         scanner = OutputScanner(request.stop, request.parse)
@@ -274,35 +288,41 @@ class Generator:
         answer: list[int] = []
         finish = "length"
         decode_started = self._clock()
-        while True:
-            if request.cancelled.is_set():
-                finish = "cancelled"
-                break
-            token = sampler.sample(logits)
-            if token in eos:
+        loop = self._token_loop(request, index, logits)
+        while not request.cancelled.is_set():
+            # may the token be fed before it is looked at: no limit ends the answer at it
+            ahead = (max_tokens is None or generated + 1 < max_tokens) \
+                and self.engine.n_past < self.engine.max_context
+            if ahead and loop.pipelined:
+                self.failed = True  # until keep/drop the engine holds one token more
+            token = loop.next(ahead)
+            ending = token in eos
+            if ending:
                 finish = "stop"
-                break
-            generated += 1
-            answer.append(int(token))
-            if records is not None and sampler.last_logprob is not None:
-                records.append(sampler.last_logprob)
-                yield sampler.last_logprob
-            events, stopped = scanner.push(decoder.push(token))
-            yield from events
-            if stopped:
-                finish = "stop"
-                break
-            if max_tokens is not None and generated >= max_tokens:
-                break
-            if self.engine.n_past >= self.engine.max_context:
-                break
-            if request.cancelled.is_set():
-                finish = "cancelled"
+            else:
+                generated += 1
+                answer.append(int(token))
+                if records is not None and loop.last_logprob is not None:
+                    records.append(loop.last_logprob)
+                    yield loop.last_logprob
+                events, stopped = scanner.push(decoder.push(token))
+                yield from events
+                if stopped:
+                    finish, ending = "stop", True
+                elif not ahead:
+                    ending = True  # max_tokens or a full context: finish "length"
+                elif request.cancelled.is_set():
+                    finish, ending = "cancelled", True
+            if ending:  # the token is not held
+                loop.drop()
+                self.failed = False
                 break
             self.failed = True
-            logits = self.engine.decode(token)
+            loop.keep(token)  # the held ids and the engine state change together here
             self.held_ids.append(token)
             self.failed = False
+        else:
+            finish = "cancelled"
         if not scanner.stopped:
             events, stopped = scanner.push(decoder.flush())
             yield from events

@@ -1,17 +1,14 @@
-"""Parked conversations in host memory: the entry, the pure decisions, and the RAM pool.
+"""Parked conversations: the entry, the candidate choice (pure), and the pool (device and host
+memory; its eviction plans are :mod:`redlite.core.eviction`).
 
 Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"):
 
 - A request takes the best candidate among the live state and every parked one: the one whose
   *usable* common prefix with the prompt is longest (:func:`usable_prefix`: the whole common
   prefix for an engine that can rewind, else up to the newest checkpoint at or below it).
-  Ties go to the live state (nothing to restore), then to RAM over disk, then to the most
-  recently used (:func:`choose_candidate`).
-- The pool is bounded by bytes (``--park-mib``) and entries (``--park-slots``). Eviction
-  (:func:`plan_eviction`) drops the entry of lowest *value*: the prefill time it saves per byte
-  it occupies, divided by ``1 + recency rank`` (rank 0: the most recently used). It never
-  evicts a protected entry (the one prefixing the running request's prompt), and an entry
-  that would be evicted at once is not stored at all.
+  Ties go to the live state (nothing to restore), then to the device, then RAM, then disk,
+  then to the most recently used (:func:`choose_candidate`).
+- The pool admits and evicts by :func:`redlite.core.eviction.plan_eviction`.
 
 The decisions are pure functions of plain data; :class:`ParkingPool` keeps the entries and a
 :class:`~redlite.core.prefix_index.PrefixIndex` so a lookup hashes the prompt once and compares
@@ -24,13 +21,14 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
+from redlite.core.eviction import EntryStats, EvictionPlan, plan_eviction
 from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
 from redlite.core.reuse import common_prefix_length
 from redlite.engine.base import StateSnapshot
 
 LIVE = "live"
+POOL_TIERS = ("device", "ram")  # a pool entry's tier: its state in device memory, or in host RAM
 ID_BYTES_PER_TOKEN = 8  # held ids are accounted at 8 bytes per token
-ATTENTION_KNEE_TOKENS = 4096  # context at which attention costs as much as the rest (approx.)
 
 
 def tensor_nbytes(tensors: dict[str, Any]) -> int:
@@ -60,7 +58,8 @@ class ParkedEntry:
     key: unique id. held_ids: the token ids the state holds (len == ``snapshot.n_past``).
     snapshot: the engine state in host memory (None for a disk entry not loaded yet).
     checkpoints: the conversation's checkpoints, ascending by position.
-    created/last_used: wall-clock times (s since the epoch). tier: ``"ram"`` or ``"disk"``.
+    created/last_used: wall-clock times (s since the epoch). tier: ``"device"`` or ``"ram"`` (in
+    the pool, by ``on_device``) or ``"disk"``.
     fill/verify: for an entry just read from disk (its tensors mapped, unverified):
     ``fill(engine) -> bool`` reads the file straight into the engine's memory and verifies it
     (True; raises when the file is refused) or, for an engine offering no targets, starts the
@@ -77,7 +76,9 @@ class ParkedEntry:
     tier: str = "ram"
     fill: Callable[[Any], bool] | None = None
     verify: Callable[[], None] | None = None
-    session: str | None = None  # the client's session key of the conversation (RAM only)
+    session: str | None = None  # the client's session key of the conversation (saved with it)
+    # the exact-replay turns (redlite.core.replay.GeneratedTurn) its held ids hold (saved with it)
+    replay: list = field(default_factory=list)
     # A tail entry (see redlite.core.forks): ``snapshot`` holds only tokens [base, len(held_ids))
     # (plus the end state), ``checkpoints`` only those past ``base``; the prefix [0, base) is the
     # state of ``parent``: LIVE (the live conversation) or the key of another pool entry.
@@ -125,7 +126,7 @@ def usable_prefix(held_len: int, common: int, prompt_len: int, can_rewind: bool,
 @dataclass(frozen=True)
 class Candidate:
     """A state a request could start from. key: ``LIVE`` or a parked entry's key. usable: its
-    :func:`usable_prefix` for the prompt (tokens). tier: ``live``, ``ram`` or ``disk``.
+    :func:`usable_prefix` for the prompt (tokens). tier: ``live``, ``device``, ``ram`` or ``disk``.
     held_len: tokens the state holds. session: the state belongs to the request's session key.
     """
 
@@ -137,12 +138,12 @@ class Candidate:
     session: bool = False
 
 
-_TIER_ORDER = {"live": 0, "ram": 1, "disk": 2}
+_TIER_ORDER = {"live": 0, "device": 1, "ram": 2, "disk": 3}
 
 
 def choose_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
     """The candidate with the longest usable prefix; ties: the request's session's, then live,
-    then RAM, then disk, then the most recently used. None when no candidate has a usable
+    then device, then RAM, then disk, then the most recently used. None when no candidate has a usable
     prefix > 0."""
     usable = [c for c in candidates if c.usable > 0]
     if not usable:
@@ -151,105 +152,11 @@ def choose_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
                                       -c.last_used))
 
 
-# --- eviction (pure) ---------------------------------------------------------------------------
-
-def prefill_cost(tokens: int, knee: int = ATTENTION_KNEE_TOKENS) -> float:
-    """Relative prefill time of ``tokens`` tokens: linear work plus attention that grows with
-    the position, ``tokens * (1 + tokens / (2 * knee))`` (unit: one token's linear work)."""
-    return tokens * (1.0 + tokens / (2.0 * knee))
-
-
-@dataclass(frozen=True)
-class EntryStats:
-    """What eviction needs of an entry: key, bytes, tokens held, last use (s); for a tail entry
-    the tokens its parent holds for it (``base``) and the ``parent`` key (an entry with
-    dependants is never evicted before them); ``on_device``: counted against the device budget."""
-
-    key: Hashable
-    nbytes: int
-    tokens: int
-    last_used: float
-    base: int = 0
-    parent: Hashable | None = None
-    on_device: bool = False
-
-
-@dataclass(frozen=True)
-class EvictionPlan:
-    """admit: whether the new entry is stored. evict: keys to drop, lowest value first."""
-
-    admit: bool
-    evict: list[Hashable]
-
-
-def entry_values(entries: Sequence[EntryStats]) -> dict[Hashable, float]:
-    """Value of each entry: prefill cost saved per byte / (1 + recency rank), rank 0 for the
-    most recently used (entries used at the same time share a rank)."""
-    times = sorted({e.last_used for e in entries}, reverse=True)
-    rank = {t: i for i, t in enumerate(times)}
-    return {e.key: (prefill_cost(e.tokens) - prefill_cost(e.base)) / max(1, e.nbytes)
-            / (1 + rank[e.last_used]) for e in entries}
-
-
-def plan_fit(entries: Sequence[EntryStats], budget_bytes: int, max_entries: int,
-             protected: frozenset = frozenset(), device_budget_bytes: int = 0) -> list[Hashable] | None:
-    """Keys to drop, lowest value first (:func:`entry_values`), so ``entries`` fit: host bytes
-    (entries not ``on_device``) <= ``budget_bytes``, device bytes <= ``device_budget_bytes``,
-    count <= ``max_entries``. Only leaves go (no remaining entry has them as ``parent``), and
-    only ones that free what is over; protected keys never. None when no choice fits."""
-    values = entry_values(entries)
-    alive = {e.key: e for e in entries}
-    children: dict[Hashable, int] = {}
-    for e in entries:
-        if e.parent in alive:
-            children[e.parent] = children.get(e.parent, 0) + 1
-    host = sum(e.nbytes for e in entries if not e.on_device)
-    device = sum(e.nbytes for e in entries if e.on_device)
-    evict: list[Hashable] = []
-    while host > budget_bytes or device > device_budget_bytes or len(alive) > max_entries:
-        over_count = len(alive) > max_entries
-        helps = [e for e in alive.values() if e.key not in protected and not children.get(e.key)
-                 and (over_count or (e.on_device and device > device_budget_bytes)
-                      or (not e.on_device and host > budget_bytes))]
-        if not helps:
-            return None
-        gone = min(helps, key=lambda e: values[e.key])
-        evict.append(gone.key)
-        del alive[gone.key]
-        if gone.parent in children:
-            children[gone.parent] -= 1
-        if gone.on_device:
-            device -= gone.nbytes
-        else:
-            host -= gone.nbytes
-    return evict
-
-
-def plan_eviction(current: Sequence[EntryStats], new: EntryStats, budget_bytes: int,
-                  max_entries: int, protected: frozenset = frozenset(),
-                  device_budget_bytes: int = 0) -> EvictionPlan:
-    """Which entries to drop so ``current + [new]`` fits (:func:`plan_fit`: the host budget
-    ``budget_bytes``, the device budget for ``on_device`` entries, ``max_entries``).
-
-    ``current`` is assumed to fit already. Entries go in increasing value
-    (:func:`entry_values`); protected keys are never chosen, nor an entry another depends on.
-    When the new entry itself would go (it is worth least, or cannot fit however many go), the
-    plan is ``admit=False`` with nothing evicted: an entry is never stored only to be evicted
-    at once.
-    """
-    limit = device_budget_bytes if new.on_device else budget_bytes
-    if new.nbytes > limit or max_entries < 1:
-        return EvictionPlan(False, [])
-    evict = plan_fit([*current, new], budget_bytes, max_entries, protected, device_budget_bytes)
-    if evict is None or new.key in evict:
-        return EvictionPlan(False, [])
-    return EvictionPlan(True, evict)
-
-
-# --- the RAM pool ------------------------------------------------------------------------------
+# --- the pool ----------------------------------------------------------------------------------
 
 class ParkingPool:
-    """Parked entries in host memory within ``budget_bytes`` and ``max_entries``.
+    """Parked entries within ``budget_bytes`` (host memory), ``device_budget_bytes`` (entries
+    ``on_device``) and ``max_entries``.
 
     Not thread-safe: used from the engine worker thread only.
     """
@@ -290,7 +197,7 @@ class ParkingPool:
         return list(self._entries.values())
 
     def new_key(self) -> str:
-        return f"ram-{next(self._ids)}"
+        return f"parked-{next(self._ids)}"
 
     def stats(self, entry: ParkedEntry) -> EntryStats:
         return EntryStats(entry.key, entry.nbytes, len(entry.held_ids), entry.last_used,
@@ -306,11 +213,16 @@ class ParkingPool:
         return plan_eviction(current, self.stats(entry), self.budget_bytes, self.max_entries,
                              protected, self.device_budget_bytes)
 
-    def add(self, entry: ParkedEntry) -> None:
-        """Store ``entry`` (the caller has applied :meth:`plan_admission`)."""
-        entry.tier = "ram"
+    def hashes(self, ids: Sequence[int]) -> list[bytes]:
+        """The index's hashes of ``ids``, computed once for :meth:`prefixes_of` and :meth:`add`."""
+        return self._index.hashes(ids)
+
+    def add(self, entry: ParkedEntry, hashes: list[bytes] | None = None) -> None:
+        """Store ``entry`` (the caller has applied :meth:`plan_admission`); its tier is
+        ``device`` or ``ram`` by where its state is. hashes: :meth:`hashes` of its held ids."""
+        entry.tier = "device" if entry.on_device else "ram"
         self._entries[entry.key] = entry
-        self._index.add(entry.key, entry.held_ids)
+        self._index.add(entry.key, entry.held_ids, hashes)
 
     def get(self, key: Hashable) -> ParkedEntry:
         """The entry (it stays in the pool). Raises KeyError when absent."""
@@ -322,12 +234,12 @@ class ParkingPool:
         self._index.remove(key)
         return entry
 
-    def prefixes_of(self, ids: Sequence[int]) -> list[Hashable]:
+    def prefixes_of(self, ids: Sequence[int], hashes: list[bytes] | None = None) -> list[Hashable]:
         """Keys of entries whose held ids are a prefix of ``ids`` (superseded by them), leaves
-        only (an entry others depend on stays)."""
+        only (an entry others depend on stays). hashes: :meth:`hashes` of ``ids``."""
         parents = {e.parent for e in self._entries.values()}
         out = []
-        for group in self._index.lookup(ids):
+        for group in self._index.lookup(ids, hashes):
             for key in group.keys:
                 if key in parents:
                     continue
@@ -350,17 +262,18 @@ def candidates_from_index(index: PrefixIndex, entries: dict, prompt: Sequence[in
             break
         for key in group.keys:
             entry = entries[key]
-            common = common_prefix_length(entry.held_ids, prompt)
-            usable = tail_usable(entry, usable_prefix(len(entry.held_ids), common, len(prompt),
-                                                      can_rewind, entry.checkpoint_positions))
+            usable = entry_usable(entry, prompt, can_rewind)
             if usable > 0:
                 found.append(Candidate(key, usable, entry.tier, entry.last_used, len(entry.held_ids)))
                 best = max(best, usable)
     return found
 
 
-def tail_usable(entry: Any, usable: int) -> int:
-    """A tail entry is a candidate only past its base (below, its parent serves as well)."""
+def entry_usable(entry: Any, prompt: Sequence[int], can_rewind: bool) -> int:
+    """The :func:`usable_prefix` of a parked entry for ``prompt``; 0 for a tail entry at or
+    below its base (its parent serves as well there)."""
+    usable = usable_prefix(len(entry.held_ids), common_prefix_length(entry.held_ids, prompt),
+                           len(prompt), can_rewind, entry.checkpoint_positions)
     if getattr(entry, "parent", None) is not None and usable <= getattr(entry, "base", 0):
         return 0
     return usable

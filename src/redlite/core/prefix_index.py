@@ -72,10 +72,16 @@ class PrefixIndex:
     def keys(self) -> list[Hashable]:
         return list(self._hashes)
 
-    def add(self, key: Hashable, ids: Sequence[int]) -> None:
-        """Index ``ids`` under ``key`` (replacing what ``key`` indexed before)."""
+    def hashes(self, ids: Sequence[int]) -> list[bytes]:
+        """The chain hashes of ``ids`` (:func:`block_hashes`), to pass to several calls about
+        the same sequence (hashing a 32k-token sequence takes about a millisecond)."""
+        return list(block_hashes(ids, self.block))
+
+    def add(self, key: Hashable, ids: Sequence[int], hashes: list[bytes] | None = None) -> None:
+        """Index ``ids`` under ``key`` (replacing what ``key`` indexed before); ``hashes``:
+        :meth:`hashes` of ``ids`` when the caller has them."""
         self.remove(key)
-        hashes = list(block_hashes(ids, self.block))
+        hashes = self.hashes(ids) if hashes is None else hashes
         self._hashes[key] = hashes
         for k, digest in enumerate(hashes, start=1):
             self._levels.setdefault((k, digest), set()).add(key)
@@ -89,11 +95,13 @@ class PrefixIndex:
                 if not members:
                     del self._levels[(k, digest)]
 
-    def lookup(self, prompt: Sequence[int]) -> list[CandidateGroup]:
+    def lookup(self, prompt: Sequence[int], hashes: list[bytes] | None = None) -> list[CandidateGroup]:
         """Every indexed key, grouped by the number of full blocks it shares with ``prompt``,
-        deepest group first (empty groups omitted). Cost: one hash per shared block."""
+        deepest group first (empty groups omitted). Cost: one hash per shared block (none
+        when ``hashes``, :meth:`hashes` of ``prompt``, are given)."""
         matched: list[set[Hashable]] = [set(self._hashes)]  # level 0: every key
-        for k, digest in enumerate(block_hashes(prompt, self.block), start=1):
+        chain = block_hashes(prompt, self.block) if hashes is None else hashes
+        for k, digest in enumerate(chain, start=1):
             members = self._levels.get((k, digest))
             if not members:
                 break

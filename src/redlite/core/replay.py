@@ -7,8 +7,11 @@ such a turn diverges from the held ids and everything after it is prefilled agai
 
 With ``--replay exact`` (the default) the server keeps, per answer, a :class:`GeneratedTurn`
 (the generation prompt's ids, the exact answer ids, the parsed content / reasoning / tool
-calls) in a :class:`ReplayStore` (RAM, LRU within a byte budget; not written into parked or
-disk session entries, so it does not survive a restart). A history assistant message is
+calls) in a :class:`ReplayStore` (RAM, LRU within a byte budget). The turns a conversation
+holds go with it when it is parked (RAM entry) or saved (disk session file, as
+:meth:`GeneratedTurn.to_record` objects in its header); a restarted server seeds its store from
+the files' headers, and a restored conversation puts its turns back in the store, so exact
+replay survives eviction and restarts. A history assistant message is
 *recognised* (:func:`matches`) when one of its tool-call ids names a kept turn, or its content
 and calls (arguments compared as parsed JSON, so key order and whitespace do not matter) equal
 a kept turn's; its reasoning must equal the kept one's or be absent (a client that drops it).
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -86,10 +90,35 @@ class GeneratedTurn:
     reasoning: str
     calls: tuple[tuple[str, str, str], ...] = ()
     context: str = ""
+    position: int = -1
     key: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.key = content_key(self.content, tuple((n, a) for _, n, a in self.calls)) + self.context
+
+    def to_record(self) -> dict:
+        """A JSON-ready dict (what a session file's header holds)."""
+        return {"prefix_ids": self.prefix_ids, "prefix_text": self.prefix_text,
+                "answer_ids": self.answer_ids, "content": self.content,
+                "reasoning": self.reasoning, "calls": [list(c) for c in self.calls],
+                "context": self.context, "position": self.position}
+
+    @classmethod
+    def from_record(cls, record: dict) -> "GeneratedTurn":
+        """The turn of a :meth:`to_record` dict. Raises ValueError / KeyError / TypeError for
+        a malformed one."""
+        calls = tuple((str(i), str(n), str(a)) for i, n, a in record["calls"])
+        return cls([int(t) for t in record["prefix_ids"]], str(record["prefix_text"]),
+                   [int(t) for t in record["answer_ids"]], str(record["content"]),
+                   str(record["reasoning"]), calls, str(record["context"]),
+                   int(record.get("position", -1)))
+
+    def held_in(self, ids: list[int]) -> bool:
+        """Whether ``ids`` (a conversation's held ids) hold this turn at its position."""
+        at, n = self.position, len(self.prefix_ids)
+        end = at + n + len(self.answer_ids)
+        return (0 <= at and end <= len(ids) and ids[at + n] == self.answer_ids[0]
+                and ids[at:end] == self.prefix_ids + self.answer_ids)
 
     @property
     def nbytes(self) -> int:
@@ -117,19 +146,54 @@ def matches(message: dict, turn: GeneratedTurn) -> bool:
 class ReplayStore:
     """Kept turns, least recently used first out when over ``budget_bytes``. Lookup by
     tool-call id, else by :func:`content_key` and the :func:`context_key` of the message before
-    it (equal answers to different messages are different turns). Thread-safe enough for the server: every
-    method is a few dict operations under the GIL."""
+    it (equal answers to different messages are different turns). Thread-safe (one lock): turns
+    are recorded and found on the request threads, collected on the engine worker thread."""
 
     def __init__(self, budget_bytes: int = 64 << 20) -> None:
         self.budget_bytes = budget_bytes
         self._turns: OrderedDict[str, GeneratedTurn] = OrderedDict()
         self._by_call: dict[str, str] = {}
         self.nbytes = 0
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._turns)
 
     def record(self, turn: GeneratedTurn) -> None:
+        """Keep ``turn`` (the most recently used), dropping the least recently used turns
+        beyond the budget; a turn larger than the budget is not kept."""
+        with self._lock:
+            self._record(turn)
+
+    def restore(self, turns: list[GeneratedTurn]) -> int:
+        """Put back ``turns`` (oldest first) of a restored conversation or a saved file; those
+        kept already are only marked used. Returns how many were added."""
+        added = 0
+        with self._lock:
+            for turn in turns:
+                if turn.key in self._turns:
+                    self._turns.move_to_end(turn.key)
+                elif turn.answer_ids and turn.nbytes <= self.budget_bytes:
+                    self._record(turn)
+                    added += 1
+        return added
+
+    def turns_in(self, ids: list[int], budget_bytes: int | None = None) -> list[GeneratedTurn]:
+        """The kept turns ``ids`` (a conversation's held ids) hold, by position, within
+        ``budget_bytes`` (default: the store's budget; the last ones are kept)."""
+        with self._lock:
+            turns = [t for t in self._turns.values() if t.answer_ids and t.held_in(ids)]
+        turns.sort(key=lambda t: t.position)
+        budget = self.budget_bytes if budget_bytes is None else budget_bytes
+        out, total = [], 0
+        for turn in reversed(turns):
+            total += turn.nbytes
+            if total > budget:
+                break
+            out.append(turn)
+        return out[::-1]
+
+    def _record(self, turn: GeneratedTurn) -> None:
         if turn.nbytes > self.budget_bytes:
             return
         old = self._turns.pop(turn.key, None)
@@ -158,9 +222,10 @@ class ReplayStore:
         content = message.get("content")
         text = content if isinstance(content, str) else ""
         keys.append(content_key(text, message_calls(message)) + context_key(previous))
-        for key in keys:
-            turn = self._turns.get(key) if key else None
-            if turn is not None and matches(message, turn):
-                self._turns.move_to_end(key)
-                return turn
+        with self._lock:
+            for key in keys:
+                turn = self._turns.get(key) if key else None
+                if turn is not None and matches(message, turn):
+                    self._turns.move_to_end(key)
+                    return turn
         return None

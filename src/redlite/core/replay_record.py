@@ -31,6 +31,6 @@ def record_turn(store: ReplayStore, tokenizer: Any, request: Any, result: Any,
     turn = GeneratedTurn(prefix, decode_rendered(tokenizer, prefix), list(result.answer_ids),
                          output.content, output.reasoning,
                          tuple((c.id, c.name, canonical_arguments(c.arguments)) for c in output.tool_calls),
-                         context_key(last_message))
+                         context_key(last_message), start)
     store.record(turn)
     return turn

@@ -4,10 +4,11 @@ Layout: a standard safetensors file (8-byte little-endian header length, JSON he
 it opens with the ``safetensors`` library. The header's ``__metadata__`` holds one key,
 ``"redlite"``, whose value is a JSON object::
 
-    format "redlite-session", version 1, fingerprint (engine.fingerprint()), dtype,
+    format "redlite-session", version 2 (1 is read too), fingerprint (engine.fingerprint()), dtype,
     tensor_format ("torch" | "numpy"), layout, n_past, held_ids [int], engine_meta {..},
     checkpoints [{position, turn_boundary, nbytes, meta, tensors: [names]}],
-    created, last_used (s since the epoch), checksum "crc32:xxxxxxxx"
+    created, last_used (s since the epoch), checksum "crc32:xxxxxxxx",
+    since version 2: session (the client's session key or null), replay [exact-replay turns]
 
 Tensor names: ``state.<name>`` for the engine snapshot, ``ckpt.<i>.<name>`` for checkpoint
 payloads. The checksum is XXH3-64 (``"xxh3:<16 hex>"``; files of older builds carry
@@ -49,7 +50,8 @@ import xxhash
 from redlite.core.private_files import open_private
 
 FORMAT = "redlite-session"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)  # version 2 adds the optional ``session`` and ``replay`` keys
 MAX_HEADER_BYTES = 100 << 20
 WRITE_CHUNK = 8 << 20  # bytes per write (one huge write measured slower than 8 MiB ones)
 
@@ -274,7 +276,7 @@ def check_compatible(meta: dict[str, Any], expected: Expected) -> None:
     """Raise SessionFileError when ``meta`` is not this format/version/model/dtype."""
     if meta.get("format") != FORMAT:
         raise SessionFileError("format", f"format {meta.get('format')!r}")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READ_VERSIONS:
         raise SessionFileError("version", f"version {meta.get('version')!r}, expected {VERSION}")
     if meta.get("fingerprint") != expected.fingerprint:
         raise SessionFileError("fingerprint", f"model {meta.get('fingerprint')!r}, "

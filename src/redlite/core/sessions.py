@@ -18,6 +18,8 @@ Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"
   ones; it deletes only those, never other files. Servers sharing a directory use each
   other's files, each within its own bounds, and never delete each other's;
 - a save that fails (e.g. a full disk) is logged and dropped: it never fails a request.
+- a file's header carries the conversation's session key and exact-replay turns (indexed
+  with it; :meth:`redlite.core.conversations.Conversations.attach_replay` seeds the store).
 
 Not thread-safe: used from the engine worker thread (and at start/stop, when it is idle).
 """
@@ -36,6 +38,7 @@ from redlite.core.parking import (Candidate, ParkedCheckpoint, ParkedEntry,
                                   candidates_from_index, tensor_nbytes)
 from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
 from redlite.core.private_files import open_private
+from redlite.core.replay import GeneratedTurn
 from redlite.core.reuse import common_prefix_length
 from redlite.core.session_dir import (REJECTED, SESSION_NAME, TEMP_NAME, Owners,
                                       prepare_session_dir)
@@ -76,7 +79,8 @@ def entry_to_file(entry: ParkedEntry, expected: Expected) -> tuple[dict[str, Any
             "tensor_format": snapshot.tensor_format,
             "layout": str(snapshot.meta.get("layout", "")), "n_past": snapshot.n_past,
             "held_ids": [int(t) for t in entry.held_ids], "engine_meta": snapshot.meta,
-            "checkpoints": checkpoints, "created": entry.created, "last_used": entry.last_used}
+            "checkpoints": checkpoints, "created": entry.created, "last_used": entry.last_used,
+            "session": entry.session, "replay": [t.to_record() for t in entry.replay]}
     return meta, tensors
 
 
@@ -97,10 +101,12 @@ def entry_from_file(state: StateFile, key: Hashable) -> ParkedEntry:
             payload = {name: state.tensors[f"ckpt.{i}.{name}"] for name in c["tensors"]}
             checkpoints.append(ParkedCheckpoint(int(c["position"]), bool(c["turn_boundary"]),
                                                 tensor_nbytes(payload), payload, dict(c["meta"])))
+        replay = [GeneratedTurn.from_record(r) for r in meta.get("replay") or []]
     except (KeyError, ValueError, TypeError) as error:
         raise SessionFileError("corrupt-header", f"inconsistent metadata: {error}") from None
     return ParkedEntry(key, held, snapshot, checkpoints, float(meta.get("created", 0.0)),
-                       float(meta.get("last_used", 0.0)), tier="disk")
+                       float(meta.get("last_used", 0.0)), tier="disk",
+                       session=meta.get("session"), replay=replay)
 
 
 # --- pruning (pure) ----------------------------------------------------------------------------
@@ -145,6 +151,8 @@ class DiskEntry:
     created: float
     last_used: float
     tier: str = field(default="disk")
+    session: str | None = None  # the client's session key
+    replay: list = field(default_factory=list)  # its exact-replay turns (until the store takes them)
 
 
 class SessionStore:
@@ -168,6 +176,8 @@ class SessionStore:
         self._rejected: dict[str, FileStats] = {}  # name in rejected/ -> size, mtime
         self._index = PrefixIndex(block)
         self._owners: Owners | None = None
+        self._left_in_place: set[str] = set()  # refused files of live writers: not re-read
+        self._seen_mtime, self._seen_at = None, float("-inf")  # the directory at the last look
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -205,6 +215,7 @@ class SessionStore:
         writers no longer alive are removed; then the bounds are applied."""
         owners = self.owners
         owners.remove_stale_locks()
+        self._seen_mtime, self._seen_at = self.directory.stat().st_mtime_ns, self._clock()
         for path in sorted(self.directory.iterdir()):
             if TEMP_NAME.match(path.name):
                 if owners.may_delete(path.name):
@@ -215,20 +226,7 @@ class SessionStore:
                 continue
             if not SESSION_NAME.match(path.name):
                 continue
-            try:
-                meta, size = read_meta(path)
-                check_compatible(meta, self.expected)
-                held = [int(t) for t in meta["held_ids"]]
-                positions = [int(c["position"]) for c in meta.get("checkpoints") or []]
-                last_used = path.stat().st_mtime  # set to the last use on save and load
-            except SessionFileError as error:
-                self._reject(path, error)
-                continue
-            except (KeyError, TypeError, ValueError, OSError) as error:
-                self._reject(path, SessionFileError("corrupt-header", str(error)))
-                continue
-            self._add(DiskEntry(path.name, path, held, positions, size,
-                                float(meta.get("created", 0.0)), last_used))
+            self._index_file(path)
         rejected_dir = self.directory / REJECTED
         if rejected_dir.is_dir():
             for path in rejected_dir.iterdir():
@@ -239,6 +237,51 @@ class SessionStore:
                  self.directory, len(self._entries), sum(e.nbytes for e in self._entries.values()),
                  len(self._rejected))
         self.prune()
+
+    def _index_file(self, path: Path) -> bool:
+        """Index one session file from its header; a refused one is rejected. True if indexed."""
+        try:
+            meta, size = read_meta(path)
+            check_compatible(meta, self.expected)
+            held = [int(t) for t in meta["held_ids"]]
+            positions = [int(c["position"]) for c in meta.get("checkpoints") or []]
+            replay = [GeneratedTurn.from_record(r) for r in meta.get("replay") or []]
+            last_used = path.stat().st_mtime  # set to the last use on save and load
+        except SessionFileError as error:
+            self._reject(path, error)
+            return False
+        except (KeyError, TypeError, ValueError, OSError) as error:
+            self._reject(path, SessionFileError("corrupt-header", str(error)))
+            return False
+        self._add(DiskEntry(path.name, path, held, positions, size,
+                            float(meta.get("created", 0.0)), last_used,
+                            session=meta.get("session"), replay=replay))
+        return True
+
+    def refresh(self) -> int:
+        """Shared directory: index the files other servers wrote since the last look and
+        forget those gone (pruned by their writer). Lists the directory only when its mtime
+        changed or a second passed. Returns the files added."""
+        now = self._clock()
+        try:
+            mtime = self.directory.stat().st_mtime_ns
+        except OSError:
+            return 0
+        if mtime == self._seen_mtime and now - self._seen_at < 1.0:
+            return 0
+        self._seen_mtime, self._seen_at = mtime, now
+        try:
+            present = {p.name: p for p in self.directory.iterdir() if SESSION_NAME.match(p.name)}
+        except OSError:
+            return 0
+        for key in [k for k in self._entries if k not in present]:
+            self._forget(key)
+        added = sum(self._index_file(present[name]) for name in sorted(present)
+                    if name not in self._entries and name not in self._left_in_place)
+        if added:
+            log.info("session dir %s: %d conversations saved by other servers indexed",
+                     self.directory, added)
+        return added
 
     def _add(self, entry: DiskEntry) -> None:
         self._entries[entry.key] = entry
@@ -254,6 +297,7 @@ class SessionStore:
         self.refusals += 1
         name = path.name
         if not self.owners.may_delete(name):  # another live server's (another model's?) file
+            self._left_in_place.add(name)
             log.warning("refused file %s reason=%s (%s); left in place (its writer is running)",
                         name, error.reason, error.detail)
             return
@@ -271,7 +315,9 @@ class SessionStore:
                     error.detail, REJECTED)
 
     def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
-        """Indexed files with a usable prefix for ``prompt`` (see ParkingPool.candidates)."""
+        """Indexed files with a usable prefix for ``prompt`` (see ParkingPool.candidates),
+        after a :meth:`refresh`."""
+        self.refresh()
         return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far)
 
     # --- load --------------------------------------------------------------------------------
@@ -368,7 +414,7 @@ class SessionStore:
         log.info("saved %d tok (%d bytes) in %.1f ms file=%s", len(ids), size, elapsed_ms, name)
         saved = DiskEntry(name, self.directory / name, list(ids),
                           [c.position for c in entry.checkpoints if c.tensors is not None],
-                          size, entry.created, last_used)
+                          size, entry.created, last_used, session=entry.session)
         if supersede:
             for key in prefixes:
                 if key not in protected and self.owners.may_delete(key):

@@ -71,6 +71,38 @@ def min_prompt_tokens(texts: Iterable[object], max_token_chars: int | None) -> i
     return -(-chars // max_token_chars)
 
 
+def message_texts(messages: Iterable[object]) -> Iterable[str]:
+    """The text of every message's content (strings and text parts)."""
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    yield part["text"]
+
+
+def user_turns(messages: Iterable[object]) -> int:
+    """How many user messages are directly followed by an assistant message (turns a template
+    renders as two messages, whatever it does with runs of one role)."""
+    turns, previous = 0, None
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        turns += previous == "user" and role == "assistant"
+        previous = role
+    return turns
+
+
+def min_chat_tokens(messages: list, tokenizer: object) -> int:
+    """A lower bound on the tokens of a chat prompt, without rendering it (linear, cheap): its
+    content characters (:func:`min_prompt_tokens`) plus, per user -> assistant turn, the special
+    tokens the template writes for one (the tokenizer's optional ``turn_tokens``)."""
+    chars = min_prompt_tokens(message_texts(messages), getattr(tokenizer, "max_token_chars", None))
+    per_turn = getattr(tokenizer, "turn_tokens", 0) or 0
+    return chars + (user_turns(messages) * per_turn if per_turn else 0)
+
+
 class Tokenizer(Protocol):
     """Tokenizer + chat template of the served model.
 
@@ -79,6 +111,8 @@ class Tokenizer(Protocol):
     prompt_limit (optional attribute): when set (the server sets the context size),
     ``render_chat`` may raise :class:`PromptTooLong` for a rendering that provably exceeds it,
     before the work of tokenizing it.
+    turn_tokens (optional attribute): a lower bound on the special tokens the chat template
+    writes per user -> assistant turn (for :func:`min_chat_tokens`); absent or 0 when unknown.
     """
 
     vocab_size: int

@@ -76,6 +76,13 @@ class SamplingParams:
             or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
+    @property
+    def needs_host(self) -> bool:
+        """Whether sampling needs the host's view of the logits: a logit rule, a grammar or
+        logprobs (a :class:`TokenStream` serves only requests without them)."""
+        return self.adjusts_logits or self.constraint is not None or self.logprobs is not None
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """Log-probability record of one generated token (when ``SamplingParams.logprobs`` is set).
@@ -104,6 +111,33 @@ class Sampler(ABC):
     def sample(self, logits: Any) -> int:
         """Return the next token id (an int in ``[0, vocab_size)``) for the given logits and
         record it as generated (penalty counts, grammar state)."""
+
+
+class TokenStream(ABC):
+    """Decoding run one token ahead of the host: the engine samples every token itself
+    (on its device), so it can feed a token into the model before the host has read it.
+
+    Opened by :meth:`Engine.token_stream` with the logits at the held state's end, it has
+    sampled the first token. :meth:`feed` feeds the newest sampled token (``n_past`` grows
+    by 1) and samples the one after it, without waiting; :meth:`read` returns the oldest
+    sampled token the host has not read yet (blocking until it exists); :meth:`undo` takes
+    back the last :meth:`feed` when its token turns out not to belong to the held sequence
+    (end of turn, a stop sequence). The caller keeps its held ids in step: at most one fed
+    token is not confirmed at a time.
+    """
+
+    @abstractmethod
+    def feed(self) -> None:
+        """Feed the newest sampled token at ``n_past`` and sample the next. Raises
+        :class:`EngineError` on a full context."""
+
+    @abstractmethod
+    def read(self) -> int:
+        """The oldest sampled token id not read yet (an int in ``[0, vocab_size)``)."""
+
+    @abstractmethod
+    def undo(self) -> None:
+        """Undo the last :meth:`feed`: ``n_past`` and the state are as before it. Once per feed."""
 
 
 @dataclass
@@ -213,6 +247,13 @@ class Engine(ABC):
 
         prompt_ids: the request's prompt (``repetition_penalty`` counts it). constraint: a
         :class:`redlite.core.grammar.GrammarMatcher` for ``params.constraint``, or None."""
+
+    def token_stream(self, params: SamplingParams, logits: Any) -> TokenStream | None:
+        """A :class:`TokenStream` sampling with ``params`` from ``logits`` (the logits at
+        ``n_past``), or None when this engine cannot sample those params itself (a logit
+        rule, a grammar, logprobs): the caller then samples on the host with
+        :meth:`make_sampler`. ``params.seed``: as for :meth:`make_sampler`."""
+        return None
 
     @abstractmethod
     def snapshot(self) -> StateSnapshot:

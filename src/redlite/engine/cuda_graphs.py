@@ -13,6 +13,13 @@ the ones past the position, so graphs are captured lazily per bucket of :func:`b
 (powers of two from 1024, then the cache size) and a decode uses the smallest bucket that
 covers its position (:func:`choose_span`).
 
+Modes: a graph either returns the logits (the host samples: :meth:`GraphDecoder.step`) or
+also samples the next token on the device into the token tensor it reads
+(:mod:`redlite.engine.device_sampling`), so the next step can be launched before the host has
+read the id (:meth:`GraphDecoder.step_ahead`; :mod:`redlite.engine.token_stream` runs that
+loop). States that cannot rewind (recurrent layers) copy their recurrent part aside at the
+start of such a step, so the step can be undone (:meth:`GraphDecoder.undo`).
+
 The graphs hold pointers into the state's own cache tensor (and, for the Qwen3.5 hybrid
 family, its conv and recurrent state tensors), the model's weights and the rotary tables,
 none of which is ever reallocated: rewind, reset, restore and checkpoint restores only move
@@ -23,10 +30,17 @@ step runs eagerly (for tests).
 from __future__ import annotations
 
 import bisect
+import logging
 
 import torch
 
+from redlite.engine.device_sampling import GREEDY, SAMPLE, DeviceSampling, sample_into
 from redlite.layers.decode_ops import TorchDecodeOps, decode_ops
+
+LOGITS = "logits"  # the graph mode whose step returns logits (the host samples)
+MODES = (LOGITS, GREEDY, SAMPLE)
+
+log = logging.getLogger("redlite.cuda_graphs")
 
 
 def bucket_spans(max_tokens: int, first: int = 1024) -> list[int]:
@@ -58,7 +72,8 @@ class GraphDecoder:
     ``use_graphs``: None captures graphs on CUDA and runs eagerly elsewhere. ``ops``: the
     decode ops (default: :func:`~redlite.layers.decode_ops.decode_ops` for the cache's
     device, dtype and head size). Attributes: ``spans`` (ascending ints), ``ops``,
-    ``use_graphs``, ``n_graphs`` (graphs captured so far).
+    ``use_graphs``, ``n_graphs`` (graphs captured so far), ``token`` (int64 [1] device
+    tensor: the id the next step feeds), ``sampling`` (the device sampling settings).
     """
 
     def __init__(self, model, state, use_graphs: bool | None = None, ops: TorchDecodeOps | None = None):
@@ -74,11 +89,15 @@ class GraphDecoder:
                 cache[:, :, :, state.n_past:].zero_()
         self.token = torch.zeros(1, dtype=torch.long, device=self.device)
         self.pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.sampling = DeviceSampling(self.device, model.vocab_size)
+        # recurrent states (no rewind): a copy taken at the start of each step_ahead, for undo
+        self._backup = state.export_recurrent() if hasattr(state, "save_recurrent") else None
         # Build the rotary tables for every position now (no rebuild during a capture) and
         # keep them referenced, since graphs hold raw pointers.
         self._tables = model.rotary.get(0, max_tokens, self.device, self.dtype)
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
+        self._eager_sampling: set[str] = set()  # sampling modes whose capture failed
 
     @property
     def n_graphs(self) -> int:
@@ -89,36 +108,117 @@ class GraphDecoder:
         Returns float32 logits ``[1, vocab]``: with graphs, a static buffer overwritten by
         the next step (copy it to keep it). Raises ``ValueError`` when ``position`` is
         outside the cache. Call under ``torch.inference_mode()``."""
+        self.token.fill_(int(token_id))
+        return self._run(position, LOGITS)
+
+    def step_ahead(self, position: int, mode: str) -> None:
+        """Feed the id in :attr:`token` at ``position`` and sample the next one into
+        :attr:`token` on the device (``mode``: ``greedy`` or ``sample``, settings in
+        :attr:`sampling`). Nothing is read on the host. Raises ``ValueError`` as :meth:`step`.
+        Call under ``torch.inference_mode()``."""
+        if mode not in (GREEDY, SAMPLE):
+            raise ValueError(f"unknown sampling mode {mode!r}")
+        self._run(position, mode)
+
+    def sample_first(self, logits: torch.Tensor, mode: str) -> None:
+        """Sample from ``logits`` (float32 [vocab], e.g. a prefill's) into :attr:`token`."""
+        sample_into(logits, self.token, mode, self.sampling)
+
+    def undo(self, position: int) -> None:
+        """Put back the recurrent part saved by the last :meth:`step_ahead` and set the
+        state's ``n_past`` to ``position`` (where that step fed its token). KV-only states
+        just move ``n_past``: the row written past it is ignored."""
+        if self._backup is not None:
+            self.state.import_recurrent(self._backup, position)
+        else:
+            self.state.truncate(position)
+
+    def capture_all(self, modes=MODES) -> int:
+        """Capture every span's step in every mode now (nothing without graphs), warming up at
+        the state's current ``n_past`` (< max_tokens; small, so every span covers it); the
+        state and :attr:`token` are as before afterwards. Returns the graphs captured."""
+        if not self.use_graphs:
+            return 0
+        before = len(self._graphs)
+        self.pos.fill_(int(self.state.n_past))
+        for span in self.spans:
+            for mode in modes:
+                if (span, mode) not in self._graphs and mode not in self._eager_sampling:
+                    self._capture_or_fall_back(span, mode)
+        return len(self._graphs) - before
+
+    def _run(self, position: int, mode: str):
         if not 0 <= position < self.state.max_tokens:
             raise ValueError(f"position {position} outside the cache of {self.state.max_tokens}")
         span = choose_span(position + 1, self.spans)
-        self.token.fill_(int(token_id))
         self.pos.fill_(int(position))
         if not self.use_graphs:
-            return self.model.decode_step(self.token, self.pos, self.state, span, self.ops)
-        entry = self._graphs.get(span)
+            return self._body(span, mode)
+        if mode not in self._eager_sampling:
+            out = self._replay(span, mode)
+            if out is not None:
+                return out
+        # a sampling mode that cannot be captured: the logits graph, then sample eagerly
+        if self._backup is not None:
+            self.state.save_recurrent(self._backup)
+        logits = self._replay(span, LOGITS)
+        sample_into(logits, self.token, mode, self.sampling)
+        return logits
+
+    def _replay(self, span: int, mode: str) -> torch.Tensor | None:
+        """Replay ``(span, mode)``'s graph (captured first if needed); None when the mode
+        just failed to capture."""
+        entry = self._graphs.get((span, mode))
         if entry is None:
-            entry = self._capture(span)
+            entry = self._capture_or_fall_back(span, mode)
+            if entry is None:
+                return None
         entry[0].replay()
         return entry[1]
 
-    def _capture(self, span: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_or_fall_back(self, span: int, mode: str):
+        """Capture ``(span, mode)``; when a sampling mode cannot be captured (a kernel that
+        refuses capture), log it and from then on sample that mode eagerly after the logits
+        graph (returns None). Logits-mode failures raise."""
+        try:
+            return self._capture(span, mode)
+        except Exception:
+            if mode == LOGITS:
+                raise
+            log.exception("sampling mode %s cannot be captured; sampling it after the graph", mode)
+            self._eager_sampling.add(mode)
+            return None
+
+    def _body(self, span: int, mode: str) -> torch.Tensor:
+        """The step's work (what a graph captures): [save the recurrent part,] decode,
+        [sample into ``token``]."""
+        if mode != LOGITS and self._backup is not None:
+            self.state.save_recurrent(self._backup)
+        logits = self.model.decode_step(self.token, self.pos, self.state, span, self.ops)
+        if mode != LOGITS:
+            sample_into(logits, self.token, mode, self.sampling)
+        return logits
+
+    def _capture(self, span: int, mode: str) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Warm up (compiles Triton kernels, picks cuBLAS kernels) then capture the step for
-        ``span``. The warm-up writes the current token's keys/values at the current position,
-        which the replay that follows writes again identically; recurrent states, which the
-        warm-up advances, are put back first."""
+        ``span`` and ``mode``. The warm-up writes the current token's keys/values at the
+        current position, which the replay that follows writes again identically; what else
+        it changes (recurrent states, the token, the random counter) is put back first."""
         saved = self.state.export_recurrent() if hasattr(self.state, "export_recurrent") else None
+        token, counter = self.token.clone(), self.sampling.ints.clone()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            self.model.decode_step(self.token, self.pos, self.state, span, self.ops)
+            self._body(span, mode)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if saved is not None:
             self.state.import_recurrent(saved, self.state.n_past)
+        self.token.copy_(token)
+        self.sampling.ints.copy_(counter)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self.model.decode_step(self.token, self.pos, self.state, span, self.ops)
-        self._graphs[span] = (graph, out)
+            out = self._body(span, mode)
+        self._graphs[(span, mode)] = (graph, out)
         return graph, out

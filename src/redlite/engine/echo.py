@@ -28,6 +28,7 @@ copy (slow parking and saving, to test signals then); a source containing the by
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ import numpy as np
 
 from redlite.core.byte_tokenizer import END, TOOL, USER, VOCAB_SIZE
 from redlite.engine.base import (Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot,
-                                has_end_state, range_of)
+                                TokenStream, has_end_state, range_of)
 from redlite.engine.logit_rules import NumpySampler
 
 FAIL_MARKER = b"FAIL!"
@@ -73,13 +74,47 @@ class _EchoSampler(NumpySampler):
         return super().sample(logits.scores())
 
 
+class _EchoStream(TokenStream):
+    """The echo engine's token stream (``EchoEngine(pipelined=True)``): feeds run the decode
+    at once, like a device that is always done; undo pops the fed token."""
+
+    def __init__(self, engine: "EchoEngine", logits: EchoLogits):
+        self.engine = engine
+        self._unread = collections.deque([logits.next_token])
+        self._newest = logits.next_token
+        self._undo: int | None = None  # the answer position before the last feed
+
+    def feed(self) -> None:
+        before = self.engine._generated
+        logits = self.engine.decode(self._newest)
+        self._undo = before
+        self._newest = logits.next_token
+        self._unread.append(self._newest)
+        self.engine.fed_ahead += 1
+
+    def read(self) -> int:
+        return self._unread.popleft()
+
+    def undo(self) -> None:
+        if self._undo is None:
+            raise EngineError("nothing fed to undo")
+        self.engine._held.pop()
+        self.engine._generated, self._undo = self._undo, None
+        self.engine.undone += 1
+
+
 class EchoEngine(Engine):
-    """See module docstring. max_context: tokens the simulated state can hold."""
+    """See module docstring. max_context: tokens the simulated state can hold. pipelined:
+    plain requests decode through a :class:`TokenStream` (one token ahead, undone at a stop)."""
 
     def __init__(self, can_rewind: bool = True, max_context: int = 1 << 20,
                  delay_ms: float = 0.0, model_id: str = "echo", prefill_delay_ms: float = 0.0,
-                 snapshot_delay_ms: float = 0.0, device_resident: bool = False) -> None:
+                 snapshot_delay_ms: float = 0.0, device_resident: bool = False,
+                 pipelined: bool = False) -> None:
         self.model_id = model_id
+        self.pipelined = pipelined
+        self.fed_ahead = 0  # tokens fed through a stream (tests)
+        self.undone = 0     # stream feeds taken back
         self.device_resident = device_resident  # tests: on_device copies count as device memory
         self.can_rewind = can_rewind
         self.max_context = max_context
@@ -178,6 +213,11 @@ class EchoEngine(Engine):
     def make_sampler(self, params: SamplingParams, prompt_ids: Sequence[int] = (),
                      constraint=None) -> NumpySampler:
         return _EchoSampler(params, prompt_ids, constraint)
+
+    def token_stream(self, params: SamplingParams, logits: EchoLogits) -> TokenStream | None:
+        if not self.pipelined or params.needs_host:
+            return None
+        return _EchoStream(self, logits)
 
     def snapshot(self) -> StateSnapshot:
         if self.snapshot_delay_ms:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import torch
 
 from redlite.engine.base import (Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot,
-                                has_end_state, range_of)
+                                TokenStream, has_end_state, range_of)
 from redlite.engine.fingerprint import weights_fingerprint
 from redlite.engine.sampling import TorchSampler
 
@@ -130,19 +130,62 @@ class TorchEngine(Engine):
             logits = self.model(self._token, self.state)
         return logits[0].clone()
 
+    def graph_decoder(self):
+        """The :class:`~redlite.engine.cuda_graphs.GraphDecoder` (built on first use), or None
+        when this engine decodes eagerly (or its decoder failed to build: logged, eager from
+        then on)."""
+        if not self._use_graphs:
+            return None
+        if self._graph_decoder is None:
+            from redlite.engine.cuda_graphs import GraphDecoder
+
+            try:
+                self._graph_decoder = GraphDecoder(self.model, self.state)
+            except Exception:  # noqa: BLE001 - any trouble: the eager path serves
+                self._graphs_failed("build")
+        return self._graph_decoder
+
+    def capture_graphs(self) -> int:
+        """Capture every graph of the decoder now, warming up at ``n_past`` (see
+        :meth:`GraphDecoder.capture_all`); returns how many. 0 when decoding eagerly; a capture
+        failure is logged and the eager path serves from then on."""
+        decoder = self.graph_decoder()
+        if decoder is None:
+            return 0
+        try:
+            return decoder.capture_all()
+        except Exception:  # noqa: BLE001 - as in _graph_step
+            self._graphs_failed("capture")
+            return 0
+
+    def _graphs_failed(self, what: str) -> None:
+        log.exception("CUDA-graph decode failed (%s); decoding eagerly from now on", what)
+        self._use_graphs, self._graph_decoder = False, None
+
     def _graph_step(self, token_id: int) -> torch.Tensor | None:
         """Logits [1, vocab] from the graph decoder, or None after disabling it when it fails
         to build or capture (logged; the eager path then serves)."""
-        from redlite.engine.cuda_graphs import GraphDecoder
-
-        try:
-            if self._graph_decoder is None:
-                self._graph_decoder = GraphDecoder(self.model, self.state)
-            return self._graph_decoder.step(token_id, self.n_past)
-        except Exception:  # noqa: BLE001 - any capture trouble: fall back to eager decode
-            log.exception("CUDA-graph decode failed; decoding eagerly from now on")
-            self._use_graphs, self._graph_decoder = False, None
+        decoder = self.graph_decoder()
+        if decoder is None:
             return None
+        try:
+            return decoder.step(token_id, self.n_past)
+        except Exception:  # noqa: BLE001 - any capture trouble: fall back to eager decode
+            self._graphs_failed("capture")
+            return None
+
+    def token_stream(self, params: SamplingParams, logits: torch.Tensor) -> TokenStream | None:
+        """A :class:`~redlite.engine.token_stream.DeviceTokenStream` (sampling inside the
+        graph) when the graph decoder serves and ``params`` need no host rule
+        (:func:`~redlite.engine.device_sampling.mode_of`); else None."""
+        from redlite.engine.device_sampling import mode_of
+        from redlite.engine.token_stream import DeviceTokenStream
+
+        mode = mode_of(params)
+        decoder = self.graph_decoder() if mode is not None else None
+        if decoder is None:
+            return None
+        return DeviceTokenStream(self, decoder, params, mode, logits)
 
     def rewind(self, n_tokens: int) -> None:
         if not self.can_rewind:

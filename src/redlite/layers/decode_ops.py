@@ -150,6 +150,13 @@ class TorchDecodeOps:
         out = self.attention(q, keys, values, pos, span, None).reshape(1, h * d)
         return out * torch.sigmoid(gate.reshape(1, h * d))
 
+    def moe(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe,
+            zero_centered: bool = True) -> torch.Tensor:
+        """``x += moe(rms_norm(x))`` in place for one token ``x`` [1, H], ``moe`` a
+        :class:`~redlite.layers.moe.SparseMoE` (its gathered path: the chosen experts by
+        device-tensor ids); returns ``x``."""
+        return x.add_(moe(self._norm(x, norm_weight, eps, zero_centered)))
+
     def gdn_step(self, proj: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor,
                  mixer) -> torch.Tensor:
         """One token through the Gated DeltaNet layer ``mixer`` between its projections:
@@ -235,6 +242,13 @@ class TritonDecodeOps(TorchDecodeOps):
                                             head_dim, None, self.n_splits, self.counters,
                                             pdl=self.pdl_attention, gated=True, k_norm_weight=k_norm)
         return out.view(1, -1)
+
+    def moe(self, x, norm_weight, eps, moe, zero_centered=True):
+        from redlite.layers import triton_moe
+
+        if not (self.fused_gemv and triton_moe.supported(moe)):
+            return super().moe(x, norm_weight, eps, moe, zero_centered)
+        return triton_moe.moe_step(x, norm_weight, eps, moe, zero_centered, pdl=self.pdl)
 
     def gdn_step(self, proj, conv_state, recurrent_state, mixer):
         from redlite.layers import triton_gdn

@@ -92,7 +92,7 @@ def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, knw_ptr
                              BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
                              HAS_NORM: tl.constexpr, IEEE: tl.constexpr, BLOCK_S: tl.constexpr,
                              PDL: tl.constexpr, GATED: tl.constexpr = False, ZC: tl.constexpr = False,
-                             NW_ROWS: tl.constexpr = 1, QS: tl.constexpr = 0):
+                             NW_ROWS: tl.constexpr = 1, QS: tl.constexpr = 0, DC: tl.constexpr = 64):
     # GATED (Qwen3.5): each query head's D features are followed by D gate features, and the
     # output is multiplied by sigmoid(gate). NW_ROWS 1: one norm row per head (q rows in
     # nw_ptr, k rows in knw_ptr); 0: one row shared by the q heads and one by the k heads.
@@ -160,17 +160,19 @@ def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, knw_ptr
     if done == n_splits - 1:
         sp = tl.arange(0, BLOCK_S)
         smask = sp < n_splits
+        dc = tl.arange(0, DC)
         for j in tl.static_range(GROUP):  # every slice of one query head per load
             head = kvh * GROUP + j
             part_lse = tl.load(lse_ptr + sp * H + head, mask=smask, other=float("-inf"), cache_modifier=".cg")
             w = tl.exp2(part_lse - tl.max(part_lse, axis=0))
-            part = tl.load(o_ptr + (sp[:, None] * H + head) * D + d[None, :], mask=smask[:, None], other=0.0,
-                           cache_modifier=".cg")
-            res = (tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)).to(dt)
-            if GATED:
-                gate = tl.load(qkv_ptr + head * QS + D + d).to(tl.float32)
-                res = (res.to(tl.float32) * (1.0 / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)).to(dt)
-            tl.store(out_ptr + head * D + d, res)
+            for d0 in tl.static_range(0, D, DC):  # DC features at a time: [BLOCK_S, DC] stays in registers
+                part = tl.load(o_ptr + (sp[:, None] * H + head) * D + d0 + dc[None, :], mask=smask[:, None],
+                               other=0.0, cache_modifier=".cg")
+                res = (tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)).to(dt)
+                if GATED:
+                    gate = tl.load(qkv_ptr + head * QS + D + d0 + dc).to(tl.float32)
+                    res = (res.to(tl.float32) * (1.0 / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)).to(dt)
+                tl.store(out_ptr + head * D + d0 + dc, res)
         tl.atomic_xchg(count_ptr + kvh, 0)
 
 
@@ -277,8 +279,17 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=head_dim,
         R=cos.shape[-1], HAS_NORM=norm_weight is not None, IEEE=qkv.dtype == torch.float32,
         BLOCK_S=triton.next_power_of_2(n_splits), PDL=int(pdl), GATED=bool(gated), ZC=bool(gated),
-        NW_ROWS=0 if gated else 1, QS=(2 if gated else 1) * head_dim, num_warps=num_warps, num_stages=num_stages, **_pdl(pdl))
+        NW_ROWS=0 if gated else 1, QS=(2 if gated else 1) * head_dim, DC=combine_chunk(n_splits, head_dim),
+        num_warps=num_warps, num_stages=num_stages, **_pdl(pdl))
     return out
+
+
+def combine_chunk(n_splits: int, head_dim: int, max_elements: int = 8192) -> int:
+    """Features per step of the split combine: the [splits, features] float32 tile of one query
+    head holds at most ``max_elements`` (the whole head when it fits), so it stays in registers
+    instead of spilling (a 128-split, 256-wide head is 32k floats)."""
+    fits = max(1, max_elements // triton.next_power_of_2(n_splits))
+    return max(16, min(head_dim, triton.next_power_of_2(fits)))
 
 
 def silu_mul(gate_up: torch.Tensor, inter: int, pdl: int = 0) -> torch.Tensor:

@@ -7,16 +7,18 @@ cache directory and the cached result is used from then on (a warm call costs on
 
 What a converted directory holds:
 
-* ``config.json``: a transformers config of ``model_type`` ``llama``, ``qwen2`` or ``qwen3``
+* ``config.json``: a transformers config of ``model_type`` ``llama``, ``qwen2``, ``qwen3``, ``qwen3_5_text`` or ``qwen3_5_moe_text``
   built from the GGUF metadata (see
   :func:`~redlite.loading.gguf_config.gguf_to_hf_config` for each key's source);
 * ``generation_config.json``: bos/eos/pad ids from ``tokenizer.ggml.*``;
-* ``gguf_tensors.json``: the file's tensor table (architecture, then per tensor its name, GGML
+* for the Llama family, ``gguf_tensors.json``: the file's tensor table (architecture, then per tensor its name, GGML
   type, shape and byte range), so a start maps the weights without parsing the GGUF metadata
   (the tokenizer's arrays make that parse slow);
 * ``model.gguf``: a symbolic link to the GGUF file itself (refreshed on every resolve, so a
   file reinstalled elsewhere keeps working): the weights stay there, quantized, and are read
-  through a memory mapping at load (:mod:`redlite.loading.gguf_tensors`);
+  through a memory mapping at load (:mod:`redlite.loading.gguf_tensors`); for the Qwen3.5
+  hybrids, ``model.safetensors`` (or shards) instead: every tensor dequantized to float32
+  (:func:`~redlite.loading.gguf_weights.write_weights`);
 * ``tokenizer.json`` and ``tokenizer_config.json`` (chat template from
   ``tokenizer.chat_template``, special tokens), made by transformers' own GGUF tokenizer
   conversion.
@@ -57,12 +59,14 @@ from redlite.loading.gguf_config import (
     read_field,
     write_json,
 )
-from redlite.loading.gguf_weights import hf_tensor_name, unpermute_rotary_rows
+from redlite.loading import gguf_qwen35
+from redlite.loading.gguf_weights import MAX_SHARD_BYTES, hf_tensor_name, unpermute_rotary_rows, write_weights
 
 __all__ = [
     "CACHE_DIR_ENV",
     "CONVERTER_VERSION",
     "GGUF_LINK",
+    "MAX_SHARD_BYTES",
     "TENSOR_TABLE",
     "SUPPORTED_ARCHITECTURES",
     "convert_gguf",
@@ -202,7 +206,10 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
         "general.file_type": read_field(reader, "general.file_type"),
         "converter_version": CONVERTER_VERSION,
     }
-    write_json(out / TENSOR_TABLE, tensor_table(reader))
+    if read_field(reader, "general.architecture") in gguf_qwen35.ARCHITECTURES:
+        write_weights(reader, config, out)  # the hybrids: dequantized float32 safetensors
+    else:
+        write_json(out / TENSOR_TABLE, tensor_table(reader))
     weights_done = time.perf_counter()
 
     has_tokenizer = _write_tokenizer(gguf_path, reader, out)
@@ -303,7 +310,9 @@ def _cache_name(source: Path) -> str:
 
 
 def _is_complete(target: Path) -> bool:
-    return (target / "config.json").is_file() and (target / TENSOR_TABLE).is_file()
+    if not (target / "config.json").is_file():
+        return False
+    return any((target / name).is_file() for name in (TENSOR_TABLE, "model.safetensors", "model.safetensors.index.json"))
 
 
 def _link_gguf(target: Path, source: Path) -> None:

@@ -1,7 +1,7 @@
 """GGUF metadata -> Hugging Face ``config.json`` and ``generation_config.json`` contents.
 
-:func:`gguf_to_hf_config` builds the transformers config of a ``llama``, ``qwen2`` or ``qwen3``
-GGUF file from its metadata keys (and, for Llama 3 style rope scaling, the
+:func:`gguf_to_hf_config` builds the transformers config of a ``llama``, ``qwen2``, ``qwen3``,
+``qwen35`` or ``qwen35moe`` GGUF file from its metadata keys (and, for Llama 3 style rope scaling, the
 ``rope_freqs.weight`` tensor); :func:`generation_config` the bos/eos/pad ids. The rope scaling
 helpers turn ``{arch}.rope.scaling.*`` keys or stored Llama 3 divisors back into a
 transformers ``rope_scaling``. :func:`read_field`, :func:`int_or_none` and :func:`write_json`
@@ -17,6 +17,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from redlite.loading.gguf_qwen35 import ARCHITECTURES as QWEN35_ARCHITECTURES
+from redlite.loading.gguf_qwen35 import config_keys as qwen35_config_keys
+
 logger = logging.getLogger("redlite.loading")
 
 #: GGUF ``general.architecture`` -> (transformers ``model_type``, ``architectures`` entry).
@@ -24,6 +27,7 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    **QWEN35_ARCHITECTURES,
 }
 
 # --------------------------------------------------------------------------------------------
@@ -33,6 +37,10 @@ SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = {
 
 def gguf_to_hf_config(reader: Any) -> dict[str, Any]:
     """Build a transformers ``config.json`` dict from an open ``gguf.GGUFReader``.
+
+    For the Qwen3.5 hybrids (``qwen35``, ``qwen35moe``) the keys of
+    :func:`redlite.loading.gguf_qwen35.config_keys` are added (and ``feed_forward_length``
+    is optional for ``qwen35moe``).
 
     Sources (``{arch}`` = ``general.architecture``):
     ``num_hidden_layers`` <- ``{arch}.block_count``; ``hidden_size`` <-
@@ -101,7 +109,8 @@ def gguf_to_hf_config(reader: Any) -> dict[str, Any]:
         "model_type": model_type,
         "vocab_size": vocab_size,
         "hidden_size": hidden,
-        "intermediate_size": int(required("{arch}.feed_forward_length")),
+        "intermediate_size": int(optional("{arch}.feed_forward_length", 0) if arch == "qwen35moe"
+                                 else required("{arch}.feed_forward_length")),
         "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv_heads,
@@ -128,6 +137,9 @@ def gguf_to_hf_config(reader: Any) -> dict[str, Any]:
     if arch in ("qwen2", "qwen3"):
         config["use_sliding_window"] = False
         config["sliding_window"] = None
+    if arch in QWEN35_ARCHITECTURES:
+        config.update(qwen35_config_keys(arch, optional, head_dim))
+        config["rope_parameters"]["partial_rotary_factor"] = config["partial_rotary_factor"]
     return config
 
 

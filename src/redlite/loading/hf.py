@@ -85,8 +85,10 @@ def load_hf_model(path: str | Path, device: torch.device | str | None = None,
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     config = read_config(path)
-    gguf_file = Path(path) / "model.gguf"
-    if gguf_file.exists():
+    from redlite.loading.gguf import TENSOR_TABLE
+
+    gguf_table = Path(path) / TENSOR_TABLE
+    if gguf_table.exists():
         from redlite.loading.gguf_tensors import GGUFTensors
 
         tensors = GGUFTensors(path, config, keep_quantized)
@@ -98,7 +100,7 @@ def load_hf_model(path: str | Path, device: torch.device | str | None = None,
     model = resolve_model_class(build_config)(build_config, device=device, dtype=dtype)
     with torch.inference_mode():
         model.load_hf_weights(tensors)
-    if gguf_file.exists():
+    if gguf_table.exists():
         log.info("GGUF tensors %s; weights: %s", _counts(tensors.type_counts()), _counts(weight_formats(model)))
     return model.eval(), config
 

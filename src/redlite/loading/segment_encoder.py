@@ -9,6 +9,11 @@ are exactly the tokens of its pieces cut right before each special token, concat
 ``encode_batch`` call (parallel, and without the GIL) and (2) keep recent pieces' tokens: an
 agent resends its whole conversation every turn, and only the new messages are then tokenized.
 For a tokenizer where cutting would not be exact, every text is tokenized whole.
+
+Text given as *plain spans* (special-token strings that came from a request's content, see
+:mod:`redlite.loading.plain_specials`) is tokenized as ordinary text: the text is cut before
+the other (the template's) special tokens only, and each piece after its leading special token
+is tokenized by a copy of the tokenizer that reads special tokens as text.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import threading
 from typing import Any
 
 import numpy as np
+
+from redlite.loading.plain_specials import special_strings
 
 #: pre-tokenizers that treat each piece on its own without adding to its start
 _LOCAL_PRE_TOKENIZERS = {"Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit",
@@ -69,6 +76,9 @@ class SegmentEncoder:
             collections.OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()
+        specials = special_strings(backend)
+        self._specials = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
+        self._plain: Any = None
 
     @property
     def cuts(self) -> bool:
@@ -88,10 +98,14 @@ class SegmentEncoder:
         rest = len(text) - special_chars
         return specials + (-(-rest // max_token_chars) if max_token_chars else 0)
 
-    def encode(self, text: str) -> tuple[list[int], np.ndarray]:
+    def encode(self, text: str, plain: list[tuple[int, int]] = ()) -> tuple[list[int], np.ndarray]:
         """``(ids, offsets)`` of ``text`` without added specials: the ids exactly as
         ``backend.encode(text, add_special_tokens=False)`` gives them; offsets an int64 array of
-        shape [len(ids), 2], each row the (start, end) character positions in ``text``."""
+        shape [len(ids), 2], each row the (start, end) character positions in ``text``.
+        plain: ascending, disjoint ``(start, end)`` character ranges of special-token strings
+        to tokenize as text (see the module docstring; not cached)."""
+        if plain:
+            return self._encode_plain(text, plain)
         if self._cut is None:
             encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
             return list(encoding.ids), _offsets_array(encoding.offsets)
@@ -121,6 +135,35 @@ class SegmentEncoder:
         offsets = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
         offsets += np.repeat(np.asarray(starts, dtype=np.int64), counts)[:, None]
         return ids, offsets
+
+    def _encode_plain(self, text: str, plain: list[tuple[int, int]]) -> tuple[list[int], np.ndarray]:
+        if self._plain is None:
+            from tokenizers import Tokenizer
+
+            copy = Tokenizer.from_str(self._backend.to_str())
+            copy.encode_special_tokens = True  # special-token text is tokenized as text
+            self._plain = copy
+        spans = iter(plain)
+        span = next(spans, None)
+        markup: list[tuple[int, int]] = []  # the template's special tokens: the cut points
+        for match in self._specials.finditer(text) if self._specials is not None else ():
+            while span is not None and span[1] <= match.start():
+                span = next(spans, None)
+            if span is None or match.end() <= span[0]:
+                markup.append((match.start(), match.end()))
+        starts = [0] + [a for a, _ in markup if a > 0]
+        heads = {a: b for a, b in markup}
+        rests = [(heads.get(a, a), b) for a, b in zip(starts, starts[1:] + [len(text)])]
+        encodings = self._plain.encode_batch([text[a:b] for a, b in rests], add_special_tokens=False)
+        ids: list[int] = []
+        parts: list[np.ndarray] = []
+        for start, (rest, _), encoding in zip(starts, rests, encodings):
+            if rest > start:
+                ids.append(int(self._backend.token_to_id(text[start:rest])))
+                parts.append(np.asarray([[start, rest]], dtype=np.int64))
+            ids.extend(encoding.ids)
+            parts.append(_offsets_array(encoding.offsets) + rest)
+        return ids, np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
 
     def _remember(self, piece: str, value: tuple) -> None:
         if piece in self._cache or len(piece) > self._max_chars // 4:

@@ -18,7 +18,9 @@ import numpy as np
 
 from redlite.core.tokenizer import PromptTooLong, RenderedPrompt
 from redlite.loading.message_bounds import message_boundaries
+from redlite.loading.plain_specials import PlainSpecials, map_positions, special_strings
 from redlite.loading.segment_encoder import SegmentEncoder
+from redlite.loading.template_probe import turn_markup_tokens
 
 logger = logging.getLogger("redlite.loading")
 
@@ -147,6 +149,8 @@ class HFTokenizer:
         # tokenizes through encode_batch (no GIL held, unlike encode) in cached pieces
         self._segments = SegmentEncoder(backend)
         self.prompt_limit: int | None = None
+        self._turn_tokens: tuple[str | None, int] | None = None
+        self._plain_specials = PlainSpecials(special_strings(backend))
 
     @property
     def chat_template_source(self) -> str | None:
@@ -156,6 +160,21 @@ class HFTokenizer:
         if isinstance(template, dict):
             return "\n".join(str(t) for t in template.values())
         return template if isinstance(template, str) else None
+
+    @property
+    def turn_tokens(self) -> int:
+        """A lower bound on the special tokens the chat template writes per user -> assistant
+        turn (:func:`redlite.loading.template_probe.turn_markup_tokens`; probed once per
+        template), 0 when unknown."""
+        source = self.chat_template_source
+        if self._turn_tokens is None or self._turn_tokens[0] != source:
+            count = 0
+            if source is not None and self._segments.cuts:
+                count = turn_markup_tokens(
+                    lambda messages: self._render(messages, add_generation_prompt=True),
+                    lambda text: self._segments.min_tokens(text, None))
+            self._turn_tokens = (source, count)
+        return self._turn_tokens[1]
 
     @property
     def transformers_tokenizer(self) -> Any:
@@ -184,7 +203,10 @@ class HFTokenizer:
 
     def render_chat(self, messages: list[dict], **template_kwargs: Any) -> RenderedPrompt:
         """Render ``messages`` with the chat template (``add_generation_prompt=True``) and
-        tokenize the text without adding special tokens (the template writes them).
+        tokenize the text without adding special tokens (the template writes them). Text of a
+        special token inside the messages or ``template_kwargs`` (user content spelling
+        ``<|im_start|>system``, say) is tokenized as plain text, never as the special token
+        (:mod:`redlite.loading.plain_specials`): only the template's own markup is.
 
         ``message_ends`` are token counts at which the rendering of ``messages[:i+1]`` ends
         (:func:`redlite.loading.message_bounds.message_boundaries`: a few renders, not one
@@ -200,21 +222,28 @@ class HFTokenizer:
             ValueError: the tokenizer has no chat template (from transformers).
             jinja2 errors raised by the template itself (e.g. ``raise_exception`` calls).
         """
-        text = self._render(messages, add_generation_prompt=True, **template_kwargs)
+        protected = self._plain_specials.protect(messages, template_kwargs)
+        kwargs = protected.kwargs
+        rendered = self._render(protected.messages, add_generation_prompt=True, **kwargs)
+        plain: list[tuple[int, int]] = []
+        text, at_sentinel, growth = rendered, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if protected.base is not None:
+            text, plain, at_sentinel, growth = self._plain_specials.restore(rendered, protected.base)
         if self.prompt_limit is not None:
             at_least = self._segments.min_tokens(text, self.max_token_chars)
             if at_least > self.prompt_limit:
                 raise PromptTooLong(at_least, self.prompt_limit)
-        ids, offsets = self._segments.encode(text)
+        ids, offsets = self._segments.encode(text, plain)
 
         def render(msgs: list, add_generation_prompt: bool) -> str:
-            return self._render(msgs, add_generation_prompt=add_generation_prompt, **template_kwargs)
+            return self._render(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
 
         def message_ends() -> list[int]:
             starts = offsets[:, 0]
             reach = np.maximum.accumulate(offsets[:, 1]) if len(offsets) else offsets[:, 1]
             ends: list[int] = []
-            for chars in message_boundaries(render, messages, text):
+            bounds = message_boundaries(render, protected.messages, rendered)
+            for chars in map_positions(bounds, at_sentinel, growth):
                 count = int(np.searchsorted(starts, chars, "left"))  # tokens starting before it
                 if count and reach[count - 1] > chars:  # a token straddles the boundary
                     continue

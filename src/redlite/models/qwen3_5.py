@@ -114,7 +114,7 @@ class DecoderLayer(nn.Module):
     def hf_alternatives(self) -> dict[str, tuple[str, torch.Tensor]]:
         """Other checkpoint names for parts of :meth:`hf_targets` entries (relative to
         ``model.layers.{i}.``): name -> (the target it fills part of, view). Today the
-        per-expert layout of MoE checkpoints."""
+        per-expert and stacked-halves layouts of MoE experts."""
         if not self.moe:
             return {}
         return {"mlp." + name: ("mlp." + fused, view)
@@ -216,9 +216,11 @@ class Qwen3_5Model(CausalLM):
 
     def load_hf_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Fill the parameters from checkpoint tensors of either layout (text-only
-        ``model.*`` or multimodal ``model.language_model.*``; vision and MTP ignored). MoE experts load from the fused
-        (``mlp.experts.gate_up_proj``) or the per-expert (``mlp.experts.{e}.gate_proj.weight``)
-        layout.
+        ``model.*`` or multimodal ``model.language_model.*``; vision and MTP ignored). MoE
+        experts load from the fused (``mlp.experts.gate_up_proj``), the per-expert
+        (``mlp.experts.{e}.gate_proj.weight``) or the stacked-halves
+        (``mlp.experts.gate_proj``) layout; a fused weight counts as loaded once pieces
+        covering all its elements were copied.
 
         Tensors may be on any device/dtype; they are copied into the parameters (which keep
         their device and dtype). When ``lm_head.weight`` is absent the output projection is
@@ -228,7 +230,7 @@ class Qwen3_5Model(CausalLM):
         targets = self.hf_targets()
         alternatives = self.hf_alternatives()
         seen: set[str] = set()
-        parts: dict[str, int] = {}  # fused target -> per-expert pieces copied into it
+        parts: dict[str, int] = {}  # fused target -> elements copied into it from pieces
         with torch.no_grad():
             for hf_name in tensors.keys():
                 name = _local_name(hf_name)
@@ -237,7 +239,7 @@ class Qwen3_5Model(CausalLM):
                 dest = targets.get(name)
                 if dest is None and name in alternatives:
                     fused, dest = alternatives[name]
-                    parts[fused] = parts.get(fused, 0) + 1
+                    parts[fused] = parts.get(fused, 0) + dest.numel()
                 if dest is None:
                     continue
                 tensor = tensors[hf_name]
@@ -245,10 +247,7 @@ class Qwen3_5Model(CausalLM):
                     raise ValueError(f"{hf_name}: shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
                 dest.copy_(tensor)
                 seen.add(name)
-        needed: dict[str, int] = {}
-        for fused, _ in alternatives.values():
-            needed[fused] = needed.get(fused, 0) + 1
-        seen.update(fused for fused, n in parts.items() if n == needed[fused])
+        seen.update(fused for fused, n in parts.items() if n >= targets[fused].numel())
         if not self.tied and "lm_head.weight" not in seen:
             self.tied = True
             self.lm_head_weight = self.embed_weight
@@ -303,8 +302,10 @@ class Qwen3_5Model(CausalLM):
         Per Gated DeltaNet layer: ``norm_linear`` (input norm + in_proj), ``gdn_step``
         (conv, delta rule, gated norm), ``linear_residual`` (out_proj + residual); per full
         attention layer ``norm_linear`` (qkv), ``gated_rope_attend``, ``linear_residual``;
-        then the MLP as in the Llama family, all norms zero-centred. Returns float32 logits
-        [1, vocab] (the same as :meth:`forward` up to rounding).
+        then the MLP as in the Llama family (``moe`` for a mixture-of-experts MLP: router with
+        its input norm, the chosen experts and the gated shared expert), all norms
+        zero-centred. Returns float32 logits [1, vocab] (the same as :meth:`forward` up to
+        rounding).
         """
         x = F.embedding(token, self.embed_weight)  # the residual stream, updated in place
         cos, sin = self.rotary.get(0, state.max_tokens, x.device, x.dtype)
@@ -324,8 +325,8 @@ class Qwen3_5Model(CausalLM):
                                             attn.head_dim, span)
                 ops.linear_residual(out, attn.o_weight, attn.o_bias, x)
             post, mlp = layer.post_attention_layernorm, layer.mlp
-            if layer.moe:  # the gathered path: chosen experts by device-tensor ids
-                x.add_(mlp(post(x)))
+            if layer.moe:
+                ops.moe(x, post.weight, post.eps, mlp, zero_centered=True)
                 continue
             act = ops.norm_gate_up(x, post.weight, post.eps, mlp.gate_up_weight, mlp.gate_up_bias, mlp.inter,
                                    zero_centered=True)

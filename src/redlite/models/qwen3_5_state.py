@@ -126,6 +126,12 @@ class Qwen3_5State(ModelState):
             out[f"layers.{i}.recurrent"] = recurrent[i]
         return out
 
+    def save_recurrent(self, payload: Mapping[str, torch.Tensor]) -> None:
+        """Copy the conv/recurrent states into ``payload``, an :meth:`export_recurrent` result
+        on this state's device (two copies, no allocation: capturable in a CUDA graph)."""
+        for dest, src in zip(payload.flats, self._flat):
+            dest.copy_(src)
+
     def import_recurrent(self, tensors: Mapping[str, torch.Tensor], position: int) -> None:
         """Roll back to ``position`` tokens with a payload from :meth:`export_recurrent`.
 

@@ -27,7 +27,7 @@ from redlite.server.anthropic_schemas import CountTokensRequest, MessagesRequest
 from redlite.server.chat_bridge import ChatRun, count_prompt_tokens
 from redlite.server.errors import APIError
 from redlite.server.wire_common import sse_event
-from redlite.server.session_key import session_key_of
+from redlite.server.session_key import body_session_value, session_key_of
 
 log = logging.getLogger("redlite.server.anthropic")
 
@@ -41,7 +41,8 @@ async def parse_body(request: Request, model: type[BaseModel]) -> Any:
 
 def _session_key(request: Request, body: MessagesRequest) -> str | None:
     """The session headers (:mod:`redlite.server.session_key`), else ``metadata.user_id``."""
-    return session_key_of(request.headers, (body.metadata or {}).get("user_id"))
+    return session_key_of(request.headers,
+                          body_session_value("anthropic", {"metadata": body.metadata}))
 
 
 async def _stream(run: ChatRun, stream: MessageStream, request_id: str) -> AsyncIterator[bytes]:

@@ -33,7 +33,7 @@ from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.metrics import ServerMetrics
 from redlite.server.observe_routes import mount_observe_routes
 from redlite.server.openai_chat import chat_request_of, stream_chunks
-from redlite.server.session_key import session_key_of
+from redlite.server.session_key import body_session_value, session_key_of
 from redlite.server.openai_chat import completion_body as chat_completion_body
 from redlite.server.anthropic import mount_anthropic_routes
 from redlite.server.responses import mount_responses_routes
@@ -177,12 +177,13 @@ def create_app(state: ServerState) -> FastAPI:
         body = await _parse(request, ChatCompletionRequest)
         chat_request = chat_request_of(body, sampling_of(body, chat=True), stops_of(body),
                                        f"chatcmpl-{context_of(request.scope).hex}")
-        chat_request.session_key = session_key_of(request.headers,
-                                                  (body.model_extra or {}).get("prompt_cache_key"))
+        chat_request.session_key = session_key_of(
+            request.headers, body_session_value("openai", body.model_extra or {}))
         stream = await state.chat.start(chat_request, request)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(stream_chunks(stream, state.model_id, include_usage),
+            return StreamingResponse(stream_chunks(stream, state.model_id, include_usage,
+                                                   context_of(request.scope).request_id),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:

@@ -32,7 +32,7 @@ from redlite.core.replay import REPLAY_MODES, ReplayStore
 from redlite.core.replay_record import record_turn
 from redlite.core.replay_splice import render_with_replay
 from redlite.core.generation import GenerationRequest, GenerationResult
-from redlite.core.tokenizer import PromptTooLong, min_prompt_tokens
+from redlite.core.tokenizer import PromptTooLong, min_chat_tokens
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
 from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
 from redlite.server.errors import APIError, as_api_error
@@ -175,19 +175,6 @@ async def watch_disconnect(http_request: Any, stream: ChatStream | Job) -> None:
             return
 
 
-def _texts(messages: list) -> Any:
-    """The text of every message's content (strings and text parts): for a lower bound on the
-    prompt's tokens."""
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            yield content
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    yield part["text"]
-
-
 def _message_info(message: Any) -> tuple[str, str | None]:
     """(role, the tool-call id it carries or answers) of a history message."""
     if not isinstance(message, dict):
@@ -227,6 +214,9 @@ class ChatService:
         if self.options.replay not in REPLAY_MODES:
             raise ValueError(f"unknown replay mode {self.options.replay!r}; one of {REPLAY_MODES}")
         self.replay = ReplayStore(self.options.replay_bytes) if self.options.replay == "exact" else None
+        parking = getattr(getattr(worker, "generator", None), "parking", None)
+        if self.replay is not None and parking is not None:  # turns saved with conversations
+            parking.attach_replay(self.replay)
         log.info("chat formats: tool calls %s, reasoning %s; replay %s", self.tool_format,
                  self.reasoning_format or "none", self.options.replay)
 
@@ -243,9 +233,9 @@ class ChatService:
         """Render and build the GenerationRequest (blocking: call from a thread)."""
         self.validate(request)
         # No lock: rendering and tokenizing are thread-safe and linear, so one long request never
-        # holds up another's; a prompt that provably cannot fit is refused before the work.
-        at_least = min_prompt_tokens(_texts(request.messages),
-                                     getattr(self.tokenizer, "max_token_chars", None))
+        # holds up another's; a prompt that provably cannot fit is refused before the work
+        # (rendering holds the GIL, so its cost is every concurrent request's delay).
+        at_least = min_chat_tokens(request.messages, self.tokenizer)
         if at_least > self.max_context:
             raise APIError(400, f"the prompt has at least {at_least} tokens, more than the context "
                            f"of {self.max_context} tokens", "messages", "context_length_exceeded")

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
-from redlite.server.access import note_event
+from redlite.server.access import note_event, request_id_of
 from redlite.server.chat_service import watch_disconnect
 from redlite.server.errors import APIError, as_api_error, error_body
 from redlite.server.logprobs import TokenTexts, completion_logprobs
@@ -131,7 +131,8 @@ async def collect(job: Job, events: asyncio.Queue, http_request: Any, meta: dict
 
 async def stream(job: Job, events: asyncio.Queue, meta: dict, texts: TokenTexts | None,
                  include_usage: bool) -> AsyncIterator[bytes]:
-    """SSE bytes of a running completion job; a disconnect cancels it (``finally``)."""
+    """SSE bytes of a running completion job; a disconnect cancels it (``finally``). An error
+    event carries ``meta["request_id"]`` (as the JSON errors do)."""
     n = meta["n"]
     choices = _Choices(n)
     offset = 0
@@ -153,7 +154,7 @@ async def stream(job: Job, events: asyncio.Queue, meta: dict, texts: TokenTexts 
                 result: GenerationResult = event.value
                 if _cut_off(result):
                     yield _sse(error_body(503, "server is shutting down; the answer was cut off",
-                                          None, "shutting_down"))
+                                          None, "shutting_down", request_id=meta.get("request_id")))
                     break
                 logprobs = completion_logprobs(pending, texts, offset) if texts is not None else None
                 yield _sse(_chunk(meta, choices.index, "", logprobs, finish_reason_of(result)))
@@ -161,7 +162,7 @@ async def stream(job: Job, events: asyncio.Queue, meta: dict, texts: TokenTexts 
                 choices.index += 1
                 offset, pending = 0, []
             elif event.kind == "error":
-                yield _sse(as_api_error(event.value).body())
+                yield _sse(as_api_error(event.value).body(request_id=meta.get("request_id")))
                 break
         else:
             if include_usage:
@@ -198,7 +199,7 @@ async def serve(state: Any, http_request: Any, body: Any, generation: Generation
         texts = await asyncio.to_thread(TokenTexts, state.tokenizer)
     job, events = await submit(state, generation, http_request)
     meta = {"id": generation.request_id, "created": int(time.time()), "model": state.model_id,
-            "n": max(1, generation.n)}
+            "n": max(1, generation.n), "request_id": request_id_of(http_request.scope)}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(stream(job, events, meta, texts, include_usage),

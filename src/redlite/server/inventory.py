@@ -1,7 +1,8 @@
 """The conversations the server holds, read at request time (``GET /v1/conversations``,
 ``GET /slots``, the metrics collector).
 
-Tiers: ``live`` (the engine's state, on the device), ``ram`` (the parking pool in host
+Tiers (:data:`TIERS`): ``live`` (the engine's state, on the device), ``device`` and ``ram``
+(the parking pool: entries kept in device memory within ``--park-device-mib``, and in host
 memory), ``disk`` (session files). Read from the engine worker's objects without a lock: the
 worker may change them meanwhile, so a read that races a change is retried (a snapshot is a
 few list copies, no per-token work). Bytes: engine state + checkpoints (live), entry payload
@@ -12,6 +13,8 @@ session key of the conversation (live and RAM; files do not keep it: None).
 from __future__ import annotations
 
 from typing import Any
+
+TIERS = ("live", "device", "ram", "disk")
 
 
 def _conversation(tier: str, key: Any, tokens: int, nbytes: int, checkpoints: list[int],
@@ -34,7 +37,7 @@ def _read(generator: Any) -> list[dict]:
     parking = getattr(generator, "parking", None)
     pool = getattr(parking, "pool", None)
     for entry in (pool.entries() if pool is not None else []):
-        out.append(_conversation("ram", entry.key, len(entry.held_ids), entry.nbytes,
+        out.append(_conversation(entry.tier, entry.key, len(entry.held_ids), entry.nbytes,
                                  entry.checkpoint_positions, entry.last_used,
                                  getattr(entry, "session", None)))
     sessions = getattr(parking, "sessions", None)
@@ -56,20 +59,21 @@ def conversations(generator: Any, attempts: int = 5) -> list[dict]:
 
 
 def budgets(generator: Any) -> dict[str, int | None]:
-    """Byte budget per tier (None: unbounded or tier absent): ``ram`` ``--park-mib``,
-    ``disk`` ``--session-max-gb``, ``live`` the checkpoint budget only (the engine's state is
+    """Byte budget per tier (None: unbounded or tier absent): ``device`` ``--park-device-mib``,
+    ``ram`` ``--park-mib``, ``disk`` ``--session-max-gb``, ``live`` the checkpoint budget only (the engine's state is
     preallocated)."""
     parking = getattr(generator, "parking", None)
     pool = getattr(parking, "pool", None)
     sessions = getattr(parking, "sessions", None)
     return {"live": None,
+            "device": pool.device_budget_bytes if pool is not None else None,
             "ram": pool.budget_bytes if pool is not None else None,
             "disk": sessions.max_bytes if sessions is not None else None}
 
 
 def tier_totals(items: list[dict]) -> dict[str, tuple[int, int, int]]:
     """(conversations, tokens, bytes) per tier, every tier present (zeros when empty)."""
-    totals = {tier: [0, 0, 0] for tier in ("live", "ram", "disk")}
+    totals = {tier: [0, 0, 0] for tier in TIERS}
     for item in items:
         row = totals[item["tier"]]
         row[0] += 1

@@ -32,7 +32,6 @@ from redlite.server import inventory
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-TIERS = ("live", "ram", "disk")
 
 
 def route_of(scope: dict) -> str:
@@ -58,7 +57,7 @@ class _StateCollector:
             GaugeMetricFamily("redlite_conversation_tokens", "Tokens held per tier", labels=["tier"]),
             GaugeMetricFamily("redlite_conversation_bytes", "Bytes held per tier", labels=["tier"]),
         ]
-        for tier in TIERS:
+        for tier in inventory.TIERS:
             for family, value in zip(families, totals[tier]):
                 family.add_metric([tier], value)
         yield from families
@@ -76,7 +75,7 @@ class _StateCollector:
                                       labels=["tier"])
         counts = dict(getattr(parking, "restores", {}) or {})
         spent = dict(getattr(parking, "restore_seconds", {}) or {})
-        for tier in ("ram", "disk"):
+        for tier in inventory.TIERS[1:]:
             restores.add_metric([tier], counts.get(tier, 0))
             seconds.add_metric([tier], spent.get(tier, 0.0))
         yield restores

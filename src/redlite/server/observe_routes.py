@@ -5,7 +5,7 @@ requests and outcomes; needs metrics on, else empty lists).
 
 ``/v1/conversations``::
 
-    {"object": "list", "data": [{"id", "tier": "live"|"ram"|"disk", "session_key",
+    {"object": "list", "data": [{"id", "tier": "live"|"device"|"ram"|"disk", "session_key",
      "tokens", "bytes", "checkpoints": [position, ...], "last_used": epoch s | null}, ...],
      "tiers": {tier: {"conversations", "tokens", "bytes", "budget_bytes": int | null}}}
 

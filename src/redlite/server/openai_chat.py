@@ -129,8 +129,11 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-async def stream_chunks(stream: ChatStream, model: str, include_usage: bool) -> AsyncIterator[bytes]:
-    """SSE bytes of one running chat stream; a disconnect cancels the generation."""
+async def stream_chunks(stream: ChatStream, model: str, include_usage: bool,
+                        request_id: str | None = None) -> AsyncIterator[bytes]:
+    """SSE bytes of one running chat stream; a disconnect cancels the generation. An error
+    mid-stream is an ``{"error": {...}}`` event carrying ``request_id`` (as the JSON errors
+    do), then ``data: [DONE]``."""
 
     def chunk(delta: dict, finish: str | None = None, index: int | None = None) -> bytes:
         body = _envelope(stream, model, "chat.completion.chunk")
@@ -151,11 +154,11 @@ async def stream_chunks(stream: ChatStream, model: str, include_usage: bool) -> 
                     continue
                 yield chunk(delta_of(event))
         except APIError as error:
-            yield _sse(error.body())
+            yield _sse(error.body(request_id=request_id))
             yield b"data: [DONE]\n\n"
             return
         except Exception as error:  # noqa: BLE001 - the stream reports it in its own shape
-            yield _sse(as_api_error(error).body())
+            yield _sse(as_api_error(error).body(request_id=request_id))
             yield b"data: [DONE]\n\n"
             return
         result = stream.result

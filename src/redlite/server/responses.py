@@ -29,7 +29,7 @@ from redlite.server.responses_events import ResponseStream, final_status, output
 from redlite.server.responses_schemas import ResponsesRequest
 from redlite.server.responses_store import ResponseStore
 from redlite.server.wire_common import sse_event
-from redlite.server.session_key import session_key_of
+from redlite.server.session_key import body_session_value, session_key_of
 
 log = logging.getLogger("redlite.server.responses")
 
@@ -74,7 +74,7 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
         store.put(response["id"], messages + [assistant_message(output)], response)
 
     async def stream(run: ChatRun, events: ResponseStream, body: ResponsesRequest,
-                     chat: ChatRequest) -> AsyncIterator[bytes]:
+                     chat: ChatRequest, request_id: str) -> AsyncIterator[bytes]:
         try:
             for event in events.start():
                 yield sse_event(event)
@@ -84,7 +84,7 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
                         for event in events.feed(piece):
                             yield sse_event(event)
             except APIError as error:
-                for event in events.fail(error.code or "server_error", error.message):
+                for event in events.fail(error.code or "server_error", error.message, request_id):
                     yield sse_event(event)
                 return
             finished, response = events.finish(run.output, run.usage)
@@ -106,7 +106,8 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
                                "previous_response_not_found")
             history = stored.messages
         chat = to_chat_request(body, history)
-        chat.session_key = session_key_of(request.headers, body.prompt_cache_key)
+        chat.session_key = session_key_of(
+            request.headers, body_session_value("openai", {"prompt_cache_key": body.prompt_cache_key}))
         context = context_of(request.scope)
         chat.request_id = f"resp_{context.hex}"
         encrypted = "reasoning.encrypted_content" in (body.include or [])
@@ -114,7 +115,8 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
         run = ChatRun(state, request, chat)
         await run.start()
         if body.stream:
-            return StreamingResponse(stream(run, ResponseStream(meta, encrypted), body, chat),
+            return StreamingResponse(stream(run, ResponseStream(meta, encrypted), body, chat,
+                                                    context.request_id),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:

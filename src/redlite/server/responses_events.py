@@ -204,8 +204,11 @@ class ResponseStream:
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return events + [self._event(kind, response=response)], response
 
-    def fail(self, code: str, message: str) -> list[dict]:
-        """``response.failed`` with the error (the items finished so far are kept)."""
-        response = response_object(self.meta, "failed", list(self.items), None,
-                                   {"code": code, "message": message})
+    def fail(self, code: str, message: str, request_id: str | None = None) -> list[dict]:
+        """``response.failed`` with the error (the items finished so far are kept); its
+        ``error`` carries ``request_id`` when given, as the JSON errors do."""
+        error = {"code": code, "message": message}
+        if request_id is not None:
+            error["request_id"] = request_id
+        response = response_object(self.meta, "failed", list(self.items), None, error)
         return [self._event("response.failed", response=response)]

@@ -12,7 +12,9 @@ import logging
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -79,6 +81,57 @@ def build_engine(args: argparse.Namespace):
         return engine, ByteTokenizer()
     from redlite.engine.factory import load_engine
     return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype)
+
+
+@dataclass
+class BuiltServer:
+    """One whole redlite server without its listener: the ASGI app, the engine worker it
+    submits to, and the conversation tiers (RAM pool, ``--session-dir``)."""
+
+    app: Any
+    worker: EngineWorker
+    parking: Conversations
+    model_id: str
+
+
+def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
+    """Load the engine and build the app for the ``redlite serve`` options (shared by
+    ``redlite serve`` and each replica of ``redlite serve-cluster``). security: the parsed
+    API-key options (None: read from ``args``; raises OSError/ValueError when unreadable)."""
+    if security is None:
+        security = security_from_args(args)
+    started = time.perf_counter()
+    engine, tokenizer = build_engine(args)
+    log.info("engine %s model %s context %d tokens, loaded in %.2f s", args.engine,
+             engine.model_id, engine.max_context, time.perf_counter() - started)
+    settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
+                                 checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)),
+                                 prefill_chunk=max(1, args.prefill_chunk),
+                                 max_tokens=args.max_tokens if args.max_tokens > 0 else None)
+    if getattr(args, "warmup", True):
+        from redlite.engine.warmup import warm_up
+        warm_up(engine, tokenizer, max(1, args.prefill_chunk))
+    if hasattr(tokenizer, "prompt_limit"):
+        tokenizer.prompt_limit = engine.max_context  # refuse provably long chats before tokenizing
+    log.info("chat template: at least %d special tokens per user/assistant turn (for refusing "
+             "too-long chats before rendering)", getattr(tokenizer, "turn_tokens", 0))
+    generator = Generator(engine, tokenizer, settings)
+    # what saved files must match (fingerprints the weights: only when files are used)
+    expected = expected_for(engine) if args.session_dir or args.slot_save_path else None
+    parking = build_parking(args, expected)
+    generator.parking = parking
+    worker = EngineWorker(generator, max_queue=args.queue)
+    slots = None
+    if args.slot_save_path:
+        make_private_dir(args.slot_save_path)
+        slots = SlotService(Path(args.slot_save_path), worker, expected)
+    state = ServerState(worker, tokenizer, engine.model_id, engine.max_context,
+                        max_body_bytes=int(args.max_body_mib * (1 << 20)),
+                        body_timeout_s=args.body_timeout_s, slots=slots, security=security,
+                        chat_options=ChatOptions(args.tool_parser, args.reasoning_parser,
+                                                 replay=args.replay),
+                        metrics=args.metrics)
+    return BuiltServer(create_app(state), worker, parking, engine.model_id)
 
 
 class _Server(uvicorn.Server):
@@ -153,35 +206,12 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
     if stopper.requested.is_set():
         return 0
     log.info("loading engine %s", args.engine)
-    started = time.perf_counter()
-    engine, tokenizer = build_engine(args)
-    log.info("engine %s model %s context %d tokens, loaded in %.2f s", args.engine,
-             engine.model_id, engine.max_context, time.perf_counter() - started)
+    built = build_server(args, security)
+    worker, parking = built.worker, built.parking
     if stopper.requested.is_set():
+        worker.shutdown(wait_s=0.0)
         return 0
-    settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
-                                 checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)),
-                                 prefill_chunk=max(1, args.prefill_chunk),
-                                 max_tokens=args.max_tokens if args.max_tokens > 0 else None)
-    if hasattr(tokenizer, "prompt_limit"):
-        tokenizer.prompt_limit = engine.max_context  # refuse provably long chats before tokenizing
-    generator = Generator(engine, tokenizer, settings)
-    # what saved files must match (fingerprints the weights: only when files are used)
-    expected = expected_for(engine) if args.session_dir or args.slot_save_path else None
-    parking = build_parking(args, expected)
-    generator.parking = parking
-    worker = EngineWorker(generator, max_queue=args.queue)
-    slots = None
-    if args.slot_save_path:
-        make_private_dir(args.slot_save_path)
-        slots = SlotService(Path(args.slot_save_path), worker, expected)
-    state = ServerState(worker, tokenizer, engine.model_id, engine.max_context,
-                        max_body_bytes=int(args.max_body_mib * (1 << 20)),
-                        body_timeout_s=args.body_timeout_s, slots=slots, security=security,
-                        chat_options=ChatOptions(args.tool_parser, args.reasoning_parser,
-                                                 replay=args.replay),
-                        metrics=args.metrics)
-    config = uvicorn.Config(create_app(state), host=args.host, port=args.port,
+    config = uvicorn.Config(built.app, host=args.host, port=args.port,
                             log_level="warning", timeout_graceful_shutdown=10,
                             http=HeaderTimeoutProtocol)
     config.header_timeout_s = args.header_timeout_s

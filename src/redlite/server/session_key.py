@@ -2,9 +2,11 @@
 
 Headers, first found wins: ``X-Claude-Code-Session-Id`` (Claude Code), ``session_id`` /
 ``session-id`` (Codex, Qwen Code), ``x-session-affinity`` (routers); then the body's own field
-(``prompt_cache_key`` on OpenAI bodies, Anthropic ``metadata.user_id``). It names the
+(:func:`body_session_value`: ``prompt_cache_key`` on OpenAI bodies, Anthropic
+``metadata.user_id``). It names the
 conversation: its parked entry is the first candidate for its next request
-(:mod:`redlite.core.conversations`), and it appears in the log lines. None when absent.
+(:mod:`redlite.core.conversations`), replicas route on it (:mod:`redlite.cluster.affinity`),
+and it appears in the log lines. None when absent.
 """
 
 from __future__ import annotations
@@ -24,3 +26,18 @@ def session_key_of(headers: Mapping[str, str], body_value: Any = None) -> str | 
     if isinstance(body_value, str) and body_value:
         return body_value[:_MAX_CHARS]
     return None
+
+
+def body_session_value(wire: str, body: Mapping[str, Any]) -> Any:
+    """The body field that names the session on ``wire`` (``"anthropic"``: ``metadata.user_id``;
+    ``"openai"``, chat, completions and responses: ``prompt_cache_key``); None when absent.
+    ``body`` is the JSON object as a mapping (not validated)."""
+    if wire == "anthropic":
+        metadata = body.get("metadata")
+        return metadata.get("user_id") if isinstance(metadata, Mapping) else None
+    return body.get("prompt_cache_key")
+
+
+def wire_of_path(path: str) -> str:
+    """``"anthropic"`` for ``/v1/messages`` routes, else ``"openai"``."""
+    return "anthropic" if path.startswith("/v1/messages") else "openai"

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 
-from redlite.core.conversations import capture, install, reset
+from redlite.core.live_state import capture, install, reset
 from redlite.core.generation import EngineTask, Generator
 from redlite.core.session_file import (Expected, SessionFileError, read_state_file,
                                        write_state_file)

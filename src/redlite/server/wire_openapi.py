@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from redlite.server.anthropic_schemas import CountTokensRequest, MessagesRequest
+from redlite.server.inventory import TIERS
 from redlite.server.responses_schemas import ResponsesRequest
 
 ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
@@ -110,7 +111,7 @@ def wire_paths() -> dict[str, dict[str, dict]]:
 _CONVERSATION = {"type": "object", "required": ["id", "tier", "session_key", "tokens", "bytes",
                                                 "checkpoints", "last_used"],
                  "properties": {"id": {"type": "string"},
-                                "tier": {"enum": ["live", "ram", "disk"]},
+                                "tier": {"enum": list(TIERS)},
                                 "session_key": {"type": ["string", "null"]},
                                 "tokens": {"type": "integer", "minimum": 0},
                                 "bytes": {"type": "integer", "minimum": 0},

@@ -1,0 +1,123 @@
+"""Launch settings of the fused mixture-of-experts decode step (redlite.layers.triton_moe) on a
+GPU: the Qwen3.5-35B-A3B block (256 experts, 8 per token, widths 512, hidden 2048) timed as a
+graph of one step per layer over distinct layers (so no weight comes from L2), for each pair
+of settings of the gate/up and the down kernel, against the bytes the
+step reads (router, shared expert, the 8 chosen experts). One process, about a minute.
+
+Usage: ``PYTHONPATH=src python3 bench/moe_tune.py [--out FILE.json]``; bench/hybrid.py runs
+:func:`sweep` on the 35b-a3b model's own layers before it captures the decode graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu  # noqa: E402
+from hybrid_report import SHAPES  # noqa: E402
+
+GATE_UP = [(4, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8)]  # (block_n, block_k, num_warps)
+DOWN = [(4, 512, 4), (8, 256, 4)]  # (block_n, block_i, num_warps)
+
+
+def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> list[dict]:
+    """Time the MoE step over ``layers`` ([(SparseMoE, x [1, H], norm weight [H])], distinct
+    layers) as one graph, with the torch reference and each pair of settings (plain launches),
+    then the best pair with PDL. Returns rows; ``apply``: make the best settings the defaults
+    of :mod:`redlite.layers.triton_moe` (before any graph is captured)."""
+    from redlite.layers import triton_moe
+    from redlite.layers.decode_ops import TorchDecodeOps
+
+    moe = layers[0][0]
+    h, e, k = moe.gates_weight.shape[1], moe.num_experts, moe.top_k
+    read = moe.gates_weight.element_size() * (h * (e + 1) + 3 * h * moe.shared.inter + k * 3 * h * moe.inter)
+    rows = []
+
+    def measure(label, step, **extra):
+        for m, x, nw in layers:
+            step(m, x, nw)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for m, x, nw in layers:
+                step(m, x, nw)
+        us = gpu.timed(graph.replay, device, 30) / len(layers) * 1e6
+        row = {"variant": label, "us_per_layer": us, "bytes_per_layer": read, "GBps": read / us / 1e3,
+               "pct_of_copy_bw": 100 * read / (us * 1e-6) / bw if bw else None, **extra}
+        rows.append(row)
+        say(f"moe step {label:>34}: {us:7.2f} us/layer  {row['GBps']:6.0f} GB/s  "
+            f"{row['pct_of_copy_bw'] or float('nan'):5.1f}% of copy bandwidth")
+
+    def triton_step(gu, down, pdl):
+        return lambda m, x, nw: triton_moe.moe_step(x, nw, 1e-6, m, pdl=pdl, gate_up_config=gu, down_config=down)
+
+    with torch.inference_mode():
+        ref = TorchDecodeOps()
+        measure("torch gathered (reference)", lambda m, x, nw: ref.moe(x, nw, 1e-6, m))
+        for gu, down in itertools.product(GATE_UP, DOWN):
+            try:
+                measure(f"gate/up {gu} down {down} pdl 0", triton_step(gu, down, 0), gate_up=gu, down=down, pdl=0)
+            except Exception as error:  # noqa: BLE001 - a setting that does not compile
+                say(f"gate/up {gu} down {down}: {type(error).__name__}: {error}")
+        best = min((r for r in rows if "gate_up" in r), key=lambda r: r["us_per_layer"])
+        measure(f"gate/up {best['gate_up']} down {best['down']} pdl 1", triton_step(best["gate_up"], best["down"], 1),
+                gate_up=best["gate_up"], down=best["down"], pdl=1)
+        try:
+            rows.append(kernel_split(layers, triton_step(best["gate_up"], best["down"], 0), say))
+        except Exception as error:  # noqa: BLE001 - a profiler that does not run here
+            say(f"moe step kernel split: {type(error).__name__}: {error}")
+    if apply:
+        triton_moe.GATE_UP_CONFIG, triton_moe.DOWN_CONFIG = tuple(best["gate_up"]), tuple(best["down"])
+        say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}")
+    return rows
+
+
+def kernel_split(layers, step, say=print, reps: int = 5) -> dict:
+    """Microseconds per layer of each kernel of ``step`` (CUDA kernel durations from
+    torch.profiler, launch gaps excluded) over ``reps`` passes of ``layers``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for m, x, nw in layers:
+                step(m, x, nw)
+        torch.cuda.synchronize()
+    per = {}
+    for event in prof.key_averages():
+        if event.device_type.name == "CUDA" and event.count:
+            per[event.key] = event.device_time_total / (reps * len(layers))
+    say("moe step kernels (us per layer): " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in sorted(per.items())))
+    return {"variant": "kernel split of the best (us per layer)", "kernels_us": per}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out")
+    parser.add_argument("--layers", type=int, default=8)
+    args = parser.parse_args()
+    from redlite.layers.moe import SparseMoE
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    cfg = SHAPES["35b-a3b"]
+    h, e, k = cfg["hidden_size"], cfg["num_experts"], cfg["num_experts_per_tok"]
+    inter, shared = cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(args.layers):
+        moe = SparseMoE(h, e, k, inter, shared, True, device=device, dtype=dtype)
+        for p in moe.parameters():
+            p.normal_(0.0, 0.02)
+        layers.append((moe, torch.randn(1, h, device=device, dtype=dtype), torch.randn(h, device=device, dtype=dtype)))
+    gpu.ceilings(device, dtype, True)
+    rows = sweep(layers, device, gpu.R["ceilings"].get("copy_bw_Bps"))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""Parking: putting a conversation's state into the tiers (the pool in device or host memory,
+then disk) and, at stop, everything to disk.
+
+- :meth:`Parker.park_live` copies what the live conversation would lose (only the tail past the
+  prefix that stays live, :mod:`redlite.core.forks`), on the device while ``--park-device-mib``
+  has room (engines with device memory), else in host memory; a state that neither the pool
+  would admit nor the disk tier would take is dropped without being copied.
+- :meth:`Parker.park` stores an entry in the pool when its eviction plan
+  (:func:`~redlite.core.eviction.plan_eviction`) admits it, spilling what it evicts to disk;
+  otherwise it goes straight to disk (when big enough). Entries it supersedes (it extends them;
+  engines that can rewind) leave the pool only once it is admitted.
+- Files stand alone: a tail entry goes to disk whole (:meth:`Lineage.whole`).
+
+Every step logs one line (what was parked, where, why something was dropped). Used from the
+engine worker thread only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from redlite.core.forks import Lineage, trusted
+from redlite.core.live_state import capture, capture_tail
+from redlite.core.eviction import EntryStats, EvictionPlan, plan_eviction
+from redlite.core.parking import ID_BYTES_PER_TOKEN, LIVE, ParkedEntry, ParkingPool
+from redlite.core.sessions import SessionStore
+
+if TYPE_CHECKING:
+    from redlite.core.generation import Generator
+
+log = logging.getLogger("redlite.parking")
+
+
+class Parker:
+    """The parking tiers of one generator: ``pool`` (device and host memory, may be None),
+    ``sessions`` (disk, may be None) and the ``lineage`` of the pool's tail entries."""
+
+    def __init__(self, pool: ParkingPool | None, sessions: SessionStore | None,
+                 clock=time.time) -> None:
+        self.pool, self.sessions, self._clock = pool, sessions, clock
+        self.lineage = Lineage(pool, spill=lambda entry, reason: self._spill(entry, reason, frozenset(),
+                                                                             True))
+        self._gen = None  # the generator of the running request (for spills of tail entries)
+        self.replay = None  # exact replay's turns (ReplayStore; Conversations.attach_replay)
+
+    def _with_turns(self, entry: ParkedEntry) -> ParkedEntry:
+        """``entry`` with the store's turns its held ids hold added to its own."""
+        if self.replay is not None:
+            found = self.replay.turns_in(entry.held_ids)
+            keys = {t.key for t in found}
+            entry.replay = [t for t in entry.replay if t.key not in keys] + found
+        return entry
+
+    def before_cut(self, gen: "Generator", keep: int) -> None:
+        """Called before the live state is cut to ``keep`` tokens or replaced (0): the one
+        entry point of :meth:`Lineage.release_live` for the generator and
+        :mod:`redlite.core.live_state`."""
+        self._gen = gen
+        self.lineage.release_live(gen, keep)
+
+    def park_live(self, gen: "Generator", protected: frozenset, keep: int = 0) -> None:
+        """Park what the live conversation holds past ``keep`` tokens (never raises; logged):
+        the whole state when ``keep`` is 0, else a tail entry on the live prefix (see
+        :mod:`redlite.core.forks`). On the device while ``--park-device-mib`` has room for it
+        (engines with device memory), else in host memory. The size is checked first
+        (``Engine.range_nbytes``): a state that neither the pool would admit nor the disk tier
+        would take is dropped without being copied."""
+        started = time.perf_counter()
+        self._gen = gen
+        n = len(gen.held_ids)
+        if keep >= n:
+            return
+        engine = gen.engine
+        try:
+            state = engine.range_nbytes(keep) if keep else engine.state_nbytes()
+            estimate = (state + sum(c.nbytes for c in gen.checkpoints.items() if c.position > keep)
+                        + ID_BYTES_PER_TOKEN * n)
+        except Exception as error:
+            log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
+            return
+        pool = self.pool
+        on_device = bool(pool is not None and engine.device_resident
+                         and pool.device_nbytes + estimate <= pool.device_budget_bytes)
+        parent = LIVE if keep else None
+        stats = EntryStats("live", estimate, n, self._clock(), keep, parent, on_device)
+        to_disk = self.sessions is not None and self.sessions.eligible(n)
+        hashes = pool.hashes(gen.held_ids) if pool is not None else None
+        if not to_disk and not self._would_admit(stats, gen.held_ids, protected, engine.can_rewind,
+                                                 hashes):
+            log.info("evicted %d tok (%d bytes) from live reason=no-room -> dropped (not copied)",
+                     n - keep, estimate)
+            return
+        try:
+            key = self.pool.new_key() if self.pool is not None else f"live-{id(gen)}-{started}"
+            if keep == 0 and not on_device:
+                entry = capture(gen, key, self._clock())
+            else:
+                try:
+                    entry = capture_tail(gen, key, self._clock(), keep, on_device)
+                except Exception as error:  # noqa: BLE001 - device memory short: host memory
+                    if not on_device:
+                        raise
+                    log.warning("park on device failed (%s: %s); host memory instead",
+                                type(error).__name__, error)
+                    entry = capture_tail(gen, key, self._clock(), keep, False)
+        except Exception as error:
+            log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
+            return
+        self.park(self._with_turns(entry), protected, engine.can_rewind, started, hashes)
+
+    def _superseded(self, held_ids: list[int], protected: frozenset, can_rewind: bool,
+                    hashes: list[bytes] | None) -> list:
+        """Pool entries a conversation holding ``held_ids`` makes redundant (it extends them)."""
+        if self.pool is None or not can_rewind:
+            return []
+        return [key for key in self.pool.prefixes_of(held_ids, hashes) if key not in protected]
+
+    def _admission(self, stats: EntryStats, superseded: list, protected: frozenset) -> EvictionPlan:
+        """The pool's eviction plan for an entry, counting the superseded entries as gone."""
+        gone = set(superseded)
+        current = [self.pool.stats(e) for e in self.pool.entries() if e.key not in gone]
+        return plan_eviction(current, stats, self.pool.budget_bytes, self.pool.max_entries, protected,
+                             self.pool.device_budget_bytes)
+
+    def _would_admit(self, stats: EntryStats, held_ids: list[int], protected: frozenset,
+                     can_rewind: bool, hashes: list[bytes] | None) -> bool:
+        if self.pool is None:
+            return False
+        superseded = self._superseded(held_ids, protected, can_rewind, hashes)
+        return self._admission(stats, superseded, protected).admit
+
+    def park(self, entry: ParkedEntry, protected: frozenset, can_rewind: bool,
+             started: float | None = None, hashes: list[bytes] | None = None) -> None:
+        """Put ``entry`` into the pool when its eviction plan admits it, spilling what it
+        evicts to disk; otherwise straight to disk (when big enough). Entries it supersedes
+        (it extends them; engines that can rewind) leave the pool only once it is admitted.
+        hashes: the pool's hashes of its held ids (computed here when not given)."""
+        n = len(entry.held_ids)
+        if self.pool is None:
+            self._spill(entry, "no-ram-pool", protected, can_rewind, source="live")
+            return
+        hashes = self.pool.hashes(entry.held_ids) if hashes is None else hashes
+        superseded = self._superseded(entry.held_ids, protected, can_rewind, hashes)
+        plan = self._admission(self.pool.stats(entry), superseded, protected)
+        if not plan.admit:
+            self._spill(entry, "no-room", protected, can_rewind, source="live")
+            return
+        for key in superseded:
+            old = self.pool.pop(key)
+            log.info("evicted %d tok from %s reason=superseded", len(old.held_ids), old.tier)
+        for key in plan.evict:
+            self._spill(self.pool.pop(key), "value", protected, can_rewind)
+        self.pool.add(entry, hashes)
+        if self._gen is not None and (entry.parent == LIVE or entry.base == 0):
+            self.lineage.release_live(self._gen, entry.base, heir=entry)  # it copies the live state
+        ms = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
+        log.info("parked %d tok (%d bytes) in %.1f ms: tokens [%d, %d) tier=%s as %s (%s)%s; pool "
+                 "%d entries, %d bytes host, %d bytes device", n - entry.base, entry.nbytes, ms,
+                 entry.base, n, entry.tier, entry.key,
+                 f"tail on the live prefix [0, {entry.base})" if entry.is_tail else "whole",
+                 f" session={entry.session}" if entry.session else "", len(self.pool),
+                 self.pool.host_nbytes, self.pool.device_nbytes)
+
+    def _spill(self, entry: ParkedEntry, reason: str, protected: frozenset, can_rewind: bool,
+               source: str | None = None) -> None:
+        """An entry leaving the pool (or, ``source`` ``live``, not admitted): to disk when big
+        enough, saved whole (a tail entry joined with its chain's prefix), else dropped."""
+        n = len(entry.held_ids)
+        to_disk = self.sessions is not None and self.sessions.eligible(n)
+        log.info("evicted %d tok (%d bytes) from %s reason=%s -> %s", n - entry.base, entry.nbytes,
+                 source or entry.tier, reason, "disk" if to_disk else "dropped")
+        if to_disk:
+            try:
+                whole = self.lineage.whole(self._gen, entry)
+            except Exception as error:  # noqa: BLE001 - its prefix is gone: not saved
+                log.warning("save skipped %d tok reason=%s: %s", n, type(error).__name__, error)
+                return
+            self.sessions.save(self._with_turns(whole), supersede=can_rewind, protected=protected)
+
+    # --- stop --------------------------------------------------------------------------------
+
+    def save_all(self, gen: "Generator", live: bool = True, should_stop=None,
+                 guard=contextlib.nullcontext) -> int:
+        """Stop: write the live conversation (when ``live``: the engine is idle; and only when
+        consistent) and every pool entry big enough to disk, newest first. ``should_stop()``
+        (optional) is asked before each file: True ends the saving (a second signal); each
+        file is written inside ``guard()`` (a context manager: the process does not end
+        while a file is being written). Returns the files written or found identical."""
+        if self.sessions is None:
+            return 0
+        entries: list[ParkedEntry] = []
+        if live and trusted(gen) and self.sessions.eligible(len(gen.held_ids)):
+            try:
+                entries.append(capture(gen, "live", self._clock()))
+            except Exception as error:
+                log.warning("save failed %d tok reason=%s: %s", len(gen.held_ids),
+                            type(error).__name__, error)
+        if self.pool is not None:
+            entries += sorted(self.pool.entries(), key=lambda e: -e.last_used)
+        saved = 0
+        for done, entry in enumerate(entries):
+            if should_stop is not None and should_stop():
+                log.info("stop: %d conversations not saved (stopping at once)", len(entries) - done)
+                break
+            if entry.is_tail or entry.on_device:  # saved whole: joined with its prefix
+                try:
+                    if not live and self.lineage.chain(entry)[0].parent == LIVE:
+                        raise RuntimeError("its prefix is the live state, which is busy")
+                    entry = self.lineage.whole(gen, entry)
+                except Exception as error:  # noqa: BLE001 - logged, the others are saved
+                    log.warning("save skipped %d tok reason=%s: %s", len(entry.held_ids),
+                                type(error).__name__, error)
+                    continue
+            with guard():
+                if self.sessions.save(self._with_turns(entry), supersede=gen.engine.can_rewind) is not None:
+                    saved += 1
+        return saved

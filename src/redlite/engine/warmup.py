@@ -1,0 +1,106 @@
+"""Start-up warm-up: the one-time costs of a GPU engine paid before the server reports ready.
+
+On first use a CUDA engine compiles Triton kernels (decode kernels, flash-linear-attention's
+autotuned prefill kernels), loads attention kernels and picks cuBLAS algorithms, and the graph
+decoder captures its CUDA graphs. :func:`warm_up` does all of that at start-up, so the first
+request runs as fast as the hundredth: prefills of the shapes the generator feeds (a full
+chunk, a short odd-length one and one token, from an empty state and after held tokens), every
+graph of every span bucket and sampling mode (:meth:`GraphDecoder.capture_all`), a token
+stream per mode, a checkpoint round trip for states that cannot rewind, and one chat render
+(the tokenizer's template). The engine is reset afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger("redlite.warmup")
+
+
+@dataclass
+class WarmupReport:
+    """seconds: wall time of the warm-up (0 when skipped). graphs: CUDA graphs captured.
+    prefills: the prefill lengths run. skipped: why nothing was done (None when it ran)."""
+
+    seconds: float = 0.0
+    graphs: int = 0
+    prefills: tuple[int, ...] = ()
+    skipped: str | None = None
+
+
+def warm_up(engine, tokenizer=None, prefill_chunk: int = 512, devices=("cuda",)) -> WarmupReport:
+    """Warm ``engine`` up (see module docstring) and log the time it took. Only a torch engine
+    on one of ``devices`` (device types; CUDA: the one with anything to warm) is warmed; others
+    are left alone (``skipped`` says why). ``prefill_chunk``: the most tokens the generator
+    prefills at once (``--prefill-chunk``). Raises what the engine raises (a model that cannot
+    run is no server to start)."""
+    device = getattr(engine, "device", None)
+    if device is None or getattr(device, "type", None) not in devices:
+        report = WarmupReport(skipped=f"nothing to warm up on {getattr(device, 'type', 'this engine')}")
+        log.info("warm-up skipped: %s", report.skipped)
+        return report
+    import torch
+
+    started = time.perf_counter()
+    if tokenizer is not None and hasattr(tokenizer, "render_chat"):
+        tokenizer.render_chat([{"role": "user", "content": "hi"}])
+    report = WarmupReport()
+    with torch.inference_mode():
+        report.prefills = _prefills(engine, prefill_chunk)
+        report.graphs = _graphs(engine)
+        _streams(engine)
+        engine.reset()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    report.seconds = time.perf_counter() - started
+    log.info("warm-up done in %.2f s: %d CUDA graphs (decode path %s), prefill shapes %s, "
+             "ready", report.seconds, report.graphs, engine.decode_path, list(report.prefills))
+    return report
+
+
+def _ids(n: int, vocab: int) -> list[int]:
+    return [(7 * i + 3) % vocab for i in range(n)]
+
+
+def _prefills(engine, chunk: int) -> tuple[int, ...]:
+    """The generator's prefill shapes: a full chunk, 13 tokens, one token; from empty and on
+    top of held tokens. Skips what does not fit the context."""
+    chunk = max(1, min(chunk, engine.prefill_chunk, engine.max_context // 2))
+    runs = []
+    for lengths in ((13, chunk, 1), (chunk, 13)):
+        engine.reset()
+        logits = None
+        for n in lengths:
+            if engine.n_past + n + 2 <= engine.max_context:
+                logits = engine.prefill(_ids(n, engine.vocab_size))
+                runs.append(n)
+        if logits is not None and not engine.can_rewind:  # the checkpoint copies
+            engine.restore_checkpoint(engine.take_checkpoint(logits))
+    return tuple(runs)
+
+
+def _graphs(engine) -> int:
+    if engine.graph_decoder() is None:
+        return 0
+    engine.reset()
+    engine.prefill(_ids(3, engine.vocab_size))
+    return engine.capture_graphs()
+
+
+def _streams(engine) -> None:
+    """A token stream per sampling mode: the first-token sampling outside the graphs, the
+    host read-back, and an undo."""
+    from redlite.engine.base import SamplingParams
+
+    for params in (SamplingParams(temperature=0.0), SamplingParams(seed=0, top_p=0.9, top_k=50)):
+        engine.reset()
+        logits = engine.prefill(_ids(5, engine.vocab_size))
+        stream = engine.token_stream(params, logits)
+        if stream is None:
+            return
+        for _ in range(2):
+            stream.feed()
+            stream.read()
+        stream.undo()

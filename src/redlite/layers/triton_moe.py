@@ -1,0 +1,189 @@
+"""The sparse mixture-of-experts block of one decode token in fused Triton kernels (CUDA;
+importable only where Triton is).
+
+:class:`~redlite.layers.moe.SparseMoE` for one token ``x`` (the residual stream, [1, H]) in
+four launches, none of which reads anything on the host (the chosen experts' ids stay on the
+device, so the step stays inside the CUDA graph):
+
+* the router product: ``gates_weight`` [E + 1, H] times the normalised ``x``, one
+  :func:`redlite.layers.triton_gemv.gemv` with the input norm fused in, giving the ``E``
+  router logits and the shared expert's gate logit as float32;
+* :func:`_route_kernel` (one program): softmax, top-k, normalised top-k weights, and
+  ``sigmoid`` of the shared gate, into a small routing buffer;
+* :func:`_gate_up_kernel`: one program per row block of one chosen expert's fused gate/up
+  weight (or of the shared expert's), ``silu(gate) * up`` of the RMS-normalised ``x`` (norm
+  fused in) into row ``slot`` of the activation buffer [k + 1, max(I, Is)] (the shared
+  expert's is row ``k``). Only the chosen experts' weights are read;
+* :func:`_down_kernel`: per block of output rows, the routed experts' down products weighted
+  by their routing weights, plus the gated shared expert's, added to the residual in place.
+
+Rounding follows the torch reference (:meth:`SparseMoE.forward` through
+:meth:`redlite.layers.decode_ops.TorchDecodeOps.moe`): each product rounded to the model
+dtype, the weighted routed sum accumulated in float32 and rounded once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from redlite.layers.triton_gemv import _load_tile, _row_block, _x_tile, gemv, pdl_sync
+
+#: (block_n, block_k, num_warps) of the gate/up kernel and (block_n, block_i, num_warps) of the
+#: down kernel (block_k / block_i: columns per step, capped at the next power of two of the
+#: row length): the fastest of bench/moe_tune.py's sweep on an H200 in the 35B-A3B shape
+#: (bench/results/hybrid-2026-12-01-nvidia-h200-35b-a3b.md).
+GATE_UP_CONFIG = (4, 2048, 4)
+DOWN_CONFIG = (4, 512, 4)
+MAX_EXPERTS = 1024
+
+
+@triton.jit
+def _top_k(logits_ptr, E, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_TK: tl.constexpr,
+           NORM_TOPK: tl.constexpr):
+    """Expert ids [BLOCK_TK] int32 and routing weights [BLOCK_TK] float32 of the ``TOP_K``
+    largest softmax probabilities (ties to the lower id); slots past ``TOP_K`` hold 0."""
+    es = tl.arange(0, BLOCK_E)
+    js = tl.arange(0, BLOCK_TK)
+    logit = tl.load(logits_ptr + es, mask=es < E, other=float("-inf")).to(tl.float32)
+    p = tl.exp(logit - tl.max(logit, axis=0))
+    p = tl.where(es < E, p / tl.sum(p, axis=0), -1.0)
+    ids = tl.zeros([BLOCK_TK], tl.int32)
+    ws = tl.zeros([BLOCK_TK], tl.float32)
+    for j in tl.static_range(TOP_K):
+        m = tl.max(p, axis=0)
+        idx = tl.min(tl.where(p == m, es, BLOCK_E), axis=0)
+        ids = tl.where(js == j, idx, ids)
+        ws = tl.where(js == j, m, ws)
+        p = tl.where(es == idx, -1.0, p)
+    if NORM_TOPK:
+        ws = ws / tl.sum(ws, axis=0)
+    return ids, ws
+
+
+@triton.jit
+def _route_kernel(logits_ptr, route_ptr, E, TOP_K: tl.constexpr, NORM_TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_TK: tl.constexpr, PDL: tl.constexpr):
+    # route_ptr (float32, 2 * BLOCK_TK + 1): expert ids, their weights, sigmoid(shared gate)
+    pdl_sync(PDL)
+    js = tl.arange(0, BLOCK_TK)
+    ids, ws = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TK, NORM_TOPK)
+    tl.store(route_ptr + js, ids.to(tl.float32))
+    tl.store(route_ptr + BLOCK_TK + js, ws)
+    g = tl.load(logits_ptr + E)
+    tl.store(route_ptr + 2 * BLOCK_TK, 1.0 / (1.0 + tl.exp(-g)))
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, nw_ptr, route_ptr, gu_ptr, sgu_ptr, act_ptr, H, I, IS, IMAX, eps, nb_s, nb_r,
+                    TOP_K: tl.constexpr, ZC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PDL: tl.constexpr):
+    # programs [0, nb_s): the shared expert's row blocks; then TOP_K groups of nb_r routed ones
+    pid = tl.program_id(0)
+    ks = tl.arange(0, BLOCK_K)
+    dt = act_ptr.dtype.element_ty
+    if pid < nb_s:  # the shared expert's weights do not depend on the routing: read before waiting
+        base = sgu_ptr + pid * 0
+        n = IS + pid * 0
+        block = pid
+        slot = pid * 0 + TOP_K
+        w, w_up = _load_tile(base, block, n, H, 0, ks, BLOCK_N, 2)
+        pdl_sync(PDL)
+    else:
+        pdl_sync(PDL)
+        r = pid - nb_s
+        slot = r // nb_r
+        block = r % nb_r
+        expert = tl.load(route_ptr + slot).to(tl.int64)
+        base = gu_ptr + expert * 2 * I * H
+        n = I + pid * 0
+        w, w_up = _load_tile(base, block, n, H, 0, ks, BLOCK_N, 2)
+    sumsq = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        xs = tl.load(x_ptr + k0 + ks, mask=k0 + ks < H, other=0.0).to(tl.float32)
+        sumsq += xs * xs
+    rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / H + eps)
+    x0 = _x_tile(x_ptr, nw_ptr, 0, ks, H, rstd, True, ZC, dt)
+    _row_block(w, w_up, x0, block, base, x_ptr, nw_ptr, x_ptr, act_ptr + slot * IMAX, n, H, rstd, ks,
+               True, ZC, False, 2, False, BLOCK_N, BLOCK_K, dt)
+
+
+@triton.jit
+def _down_kernel(act_ptr, route_ptr, dw_ptr, sdw_ptr, out_ptr, H, I, IS, IMAX, TOP_K: tl.constexpr,
+                 BLOCK_TK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_I: tl.constexpr, PDL: tl.constexpr):
+    pid = tl.program_id(0)
+    dt = out_ptr.dtype.element_ty
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < H
+    cs = tl.arange(0, BLOCK_I)
+    # the shared expert's first tile does not depend on the routing: read it before waiting
+    s_rows = rows.to(tl.int64)[:, None] * IS
+    sw = tl.load(sdw_ptr + s_rows + cs[None, :], mask=rmask[:, None] & (cs < IS)[None, :], other=0.0)
+    pdl_sync(PDL)
+    routed = tl.zeros([BLOCK_N], tl.float32)
+    for j in tl.static_range(TOP_K):
+        expert = tl.load(route_ptr + j).to(tl.int64)
+        weight = tl.load(route_ptr + BLOCK_TK + j).to(dt).to(tl.float32)
+        e_rows = expert * H * I + rows.to(tl.int64)[:, None] * I
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        for i0 in range(0, I, BLOCK_I):
+            m = i0 + cs < I
+            w = tl.load(dw_ptr + e_rows + i0 + cs[None, :], mask=rmask[:, None] & m[None, :], other=0.0)
+            a = tl.load(act_ptr + j * IMAX + i0 + cs, mask=m, other=0.0).to(tl.float32)
+            acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+        routed += (acc.to(dt).to(tl.float32) * weight).to(dt).to(tl.float32)
+    a = tl.load(act_ptr + TOP_K * IMAX + cs, mask=cs < IS, other=0.0).to(tl.float32)
+    acc = tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
+    for i0 in range(BLOCK_I, IS, BLOCK_I):
+        m = i0 + cs < IS
+        sw = tl.load(sdw_ptr + s_rows + i0 + cs[None, :], mask=rmask[:, None] & m[None, :], other=0.0)
+        a = tl.load(act_ptr + TOP_K * IMAX + i0 + cs, mask=m, other=0.0).to(tl.float32)
+        acc += tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
+    gate = tl.load(route_ptr + 2 * BLOCK_TK).to(dt).to(tl.float32)
+    shared = (acc.to(dt).to(tl.float32) * gate).to(dt).to(tl.float32)
+    total = (routed.to(dt).to(tl.float32) + shared).to(dt).to(tl.float32)
+    res = tl.load(out_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, (res + total).to(dt), mask=rmask)
+
+
+def supported(moe) -> bool:
+    """True when :func:`moe_step` takes this :class:`~redlite.layers.moe.SparseMoE`: at most
+    ``MAX_EXPERTS`` experts, contiguous expert weights."""
+    return (moe.num_experts <= MAX_EXPERTS and moe.gate_up_weight.is_contiguous()
+            and moe.down_weight.is_contiguous() and moe.gates_weight.is_contiguous())
+
+
+def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_centered: bool = True,
+             pdl: int = 0, gate_up_config: tuple[int, int, int] | None = None,
+             down_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """``x += moe(rms_norm(x))`` in place for one token: ``x`` [1, H] contiguous (the residual
+    stream), ``norm_weight`` [H] the block's input norm (``zero_centered``: the Qwen3.5 form),
+    ``moe`` a :class:`~redlite.layers.moe.SparseMoE` in x's dtype. Four launches (router
+    product, routing, gate/up, down) with no host read. Returns ``x``. ``pdl``: programmatic dependent
+    launch (see :mod:`redlite.layers.triton_gemv`); configs as ``GATE_UP_CONFIG`` /
+    ``DOWN_CONFIG`` (the defaults).
+    """
+    h = x.shape[-1]
+    e, k, inter, s_inter = moe.num_experts, moe.top_k, moe.inter, moe.shared.inter
+    logits = gemv(x, moe.gates_weight, None, norm_weight=norm_weight, eps=eps, out_float32=True, pdl=pdl,
+                  zero_centered=zero_centered)
+    i_max = max(inter, s_inter)
+    block_tk = triton.next_power_of_2(k)
+    route = torch.empty(2 * block_tk + 1, device=x.device, dtype=torch.float32)
+    act = torch.empty(k + 1, i_max, device=x.device, dtype=x.dtype)
+    extra = {"launch_pdl": True} if pdl else {}
+    _route_kernel[(1,)](logits, route, e, TOP_K=k, NORM_TOPK=bool(moe.norm_topk_prob),
+                        BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl), **extra)
+    bn, bk, warps = gate_up_config or GATE_UP_CONFIG
+    nb_s, nb_r = triton.cdiv(s_inter, bn), triton.cdiv(inter, bn)
+    _gate_up_kernel[(nb_s + k * nb_r,)](
+        x, norm_weight, route, moe.gate_up_weight, moe.shared.gate_up_weight, act, h, inter, s_inter, i_max,
+        float(eps), nb_s, nb_r, TOP_K=k, ZC=bool(zero_centered), BLOCK_N=bn,
+        BLOCK_K=min(bk, triton.next_power_of_2(h)), PDL=int(pdl), num_warps=warps, **extra)
+    bn, bi, warps = down_config or DOWN_CONFIG
+    _down_kernel[(triton.cdiv(h, bn),)](
+        act, route, moe.down_weight, moe.shared.down_weight, x, h, inter, s_inter, i_max, TOP_K=k,
+        BLOCK_TK=block_tk, BLOCK_N=bn, BLOCK_I=min(bi, triton.next_power_of_2(i_max)), PDL=int(pdl),
+        num_warps=warps, **extra)
+    return x
