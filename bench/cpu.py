@@ -249,8 +249,9 @@ def main() -> None:
            "command": "PYTHONPATH=src python bench/cpu.py " + " ".join(sys.argv[1:]),
            "load_average_start": load_average(), "models": {}}
     for name in args.models.split(","):
-        run["models"][name] = measure(name, args, bench, server)
-        print(json.dumps(run["models"][name], indent=1), flush=True)
+        key = name if args.threads == 2 else f"{name}, {args.threads} threads"
+        run["models"][key] = {**measure(name, args, bench, server), "threads": args.threads}
+        print(json.dumps(run["models"][key], indent=1), flush=True)
     run["load_average_end"] = load_average()
     if args.save:
         save(run)
@@ -272,13 +273,13 @@ def markdown(run: dict) -> str:
     mb = 1e6
     lines = [f"# CPU: redlite vs llama.cpp ({run['date']})", "",
              f"`{run.get('command', 'bench/cpu.py')}`", "",
-             f"{run['cpu']}, {run['cores']} cores, {run['threads']} threads each. A shared machine: other jobs "
+             f"{run['cpu']}, {run['cores']} cores. A shared machine: other jobs "
              "ran alongside (load average per model below), so absolute figures are those of a starved process; "
              "both sides ran under the same conditions, one after the other.", ""]
     for name, e in run["models"].items():
         ours, theirs = e["redlite"], e["llama_cpp"]
         lines += [f"## {name} ({e['gguf_bytes'] / mb:.0f} MB GGUF)", "",
-                  f"{e['decode_tokens']} decode tokens, mean of {e['reps']} runs; load average {e['load_average']} "
+                  f"{e.get('threads', run['threads'])} threads each, {e['decode_tokens']} decode tokens, mean of {e['reps']} runs; load average {e['load_average']} "
                   "when done.", "", "| figure | redlite | llama.cpp | ratio |", "|---|---|---|---|",
                   f"| decode tokens/s | {ours['decode_tps']:.1f} | {theirs['decode_tps']:.1f} | "
                   f"{e['decode_ratio_vs_llama_cpp']:.2f}x |"]
