@@ -152,10 +152,11 @@ def new_tokens(client: httpx.Client, previous_ideal: list[dict] | None, ideal: l
 
 
 def replay(server: Server, trace: dict, model: str, redlite: bool, timeout_s: float = 600,
-           max_turns: int | None = None, context_limit: int | None = None) -> dict:
+           max_turns: int | None = None, context_limit: int | None = None,
+           max_tokens: int | None = None) -> dict:
     """Run one trace (its first ``max_turns`` turns; none from the first whose prompt + answer
-    cap passes ``context_limit`` tokens); per-turn rows and the trace's figures (``timeout_s``
-    per HTTP call)."""
+    cap passes ``context_limit`` tokens; answers of at most ``max_tokens``, asked in the
+    request); per-turn rows and the trace's figures (``timeout_s`` per HTTP call)."""
     sessions: dict[str, Session] = {}
     previous: dict[str, list[dict]] = {}
     rows = []
@@ -166,6 +167,9 @@ def replay(server: Server, trace: dict, model: str, redlite: bool, timeout_s: fl
             if context_limit and count_tokens(client, render_prompt(client, sent, trace["tools"])) > context_limit:
                 break
             path, body, headers = request_for(trace, turn, sent, model)
+            for key in ("max_tokens", "max_output_tokens"):  # llama-server's -n yields to these
+                if max_tokens and key in body:
+                    body[key] = min(body[key], max_tokens)
             started = time.perf_counter()
             response = client.post(path, json=body, headers=headers)
             elapsed_ms = (time.perf_counter() - started) * 1000
@@ -220,7 +224,7 @@ def run_all(args, traces: list[dict], results: dict | None = None) -> dict:
 
     def run(server, trace, redlite):
         result = replay(server, trace, model, redlite, max_turns=turns.get(trace["name"]),
-                        context_limit=limit)
+                        context_limit=limit, max_tokens=args.max_tokens)
         turns.setdefault(trace["name"], result["turns"])
         return result
 
@@ -274,7 +278,8 @@ def markdown(results: dict, traces: list[dict], header: str) -> str:
              "TTFT sum in ms. New = tokens of the turn's prompt, rendered with every answer as generated, after "
              "its common prefix with the same session's previous prompt + answer (what the client added or "
              "edited; an answer sent back in another form is not new). Command: `python bench/agent.py --out "
-             "bench/results`; traces: `bench/make_traces.py`.", "", "| trace | turns | " + " | ".join(labels) + " |",
+             "bench/results` (options below); traces: `bench/make_traces.py`. TTFT sums are wall times on a "
+             "shared machine (2 cores, other jobs running): compare reuse, not time.", "", "| trace | turns | " + " | ".join(labels) + " |",
              "|---|---|" + "---|" * len(labels)]
     for t in traces:
         cells = []
@@ -345,16 +350,17 @@ def main() -> None:
     print("\n" + table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        stem = args.out / (f"agent-{date}-{machine}" + (f"-{Path(args.model).stem}" if args.model else ""))
-        stem.with_suffix(".md").write_text(table)
+        model = f"-{Path(args.model).stem.replace('.', '-')}" if args.model else ""
+        stem = str(args.out / f"agent-{date}-{machine}{model}")
+        Path(stem + ".md").write_text(table)
         summary = {label: ({"n/a": r["n/a"]} if "n/a" in r else
                            {name: {"reuse_efficiency": v["reuse_efficiency"], "ttft_sum_ms": v["ttft_sum_ms"],
                                    "turns": v["turns"],
                                    "new": v["new"], "prefilled": v["prefilled"], "rows": v["rows"]}
                             for name, v in r.items()}) for label, r in results.items()}
-        stem.with_suffix(".json").write_text(json.dumps({"engine": engine, "date": date, "machine": machine,
+        Path(stem + ".json").write_text(json.dumps({"engine": engine, "date": date, "machine": machine,
                                                          "results": summary}, indent=1))
-        plot(results, traces, stem.with_suffix(".png"))
+        plot(results, traces, Path(stem + ".png"))
         print(f"wrote {stem}.md/.json/.png")
 
 

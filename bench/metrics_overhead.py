@@ -9,6 +9,7 @@ in percent; the per-request cost of the metrics (observe + one scrape) is a few 
 microseconds whatever the model, so the echo engine (no model time at all) is the worst case.
 
     python bench/metrics_overhead.py [--engine torch|echo] [--rounds 20] [--max-tokens 64]
+        [--out bench/results]   # also writes metrics-overhead-DATE-MACHINE-ENGINE.{md,json}
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -65,6 +67,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra argument for both servers (e.g. --device=cuda)")
+    parser.add_argument("--out", type=Path, help="folder for the md + json result files")
     args = parser.parse_args()
     totals = {"metrics": [0.0, 0], "no-metrics": [0.0, 0]}
     for phase in range(args.phases):
@@ -81,16 +84,46 @@ def main() -> None:
                         get(conn, "/metrics")  # a scrape every 5 requests (not timed)
                 conn.close()
     rates = {name: tokens / seconds for name, (seconds, tokens) in totals.items()}
+    lines = []
     for name, (seconds, tokens) in totals.items():
-        print(f"{name:>11}: {tokens} tokens in {seconds:.3f} s = {rates[name]:.1f} tok/s "
-              f"({args.engine}, {args.phases * args.rounds // 2} requests of up to {args.max_tokens} tokens)")
+        lines.append(f"{name:>11}: {tokens} tokens in {seconds:.3f} s = {rates[name]:.1f} tok/s "
+                     f"({args.engine}, {args.phases * args.rounds // 2} requests of up to "
+                     f"{args.max_tokens} tokens)")
     overhead = (rates["no-metrics"] - rates["metrics"]) / rates["no-metrics"] * 100.0
-    print(f"metrics overhead: {overhead:+.2f}% of decode throughput (end to end, with noise)")
+    lines.append(f"metrics overhead: {overhead:+.2f}% of decode throughput (end to end, with noise)")
     observe_us, render_us = direct_cost()
     per_request_s = totals["no-metrics"][0] / max(1, args.phases * args.rounds // 2)
-    print(f"direct cost: observe {observe_us:.1f} us per request, scrape {render_us:.1f} us; "
-          f"{observe_us / (per_request_s * 1e6) * 100:.3f}% of this run's {per_request_s * 1000:.1f} ms "
-          f"per request")
+    share = observe_us / (per_request_s * 1e6) * 100
+    lines.append(f"direct cost: observe {observe_us:.1f} us per request (with a restore and a park), "
+                 f"scrape {render_us:.1f} us; {share:.3f}% of this run's "
+                 f"{per_request_s * 1000:.1f} ms per request")
+    print("\n".join(lines))
+    if args.out is not None:
+        write_results(args, lines, {
+            "engine": args.engine, "rounds": args.rounds, "phases": args.phases,
+            "max_tokens": args.max_tokens, "server_args": args.server_arg,
+            "tokens_per_s": rates, "seconds": {k: v[0] for k, v in totals.items()},
+            "tokens": {k: v[1] for k, v in totals.items()}, "overhead_percent": overhead,
+            "observe_us_per_request": observe_us, "scrape_us": render_us,
+            "direct_percent_of_request": share, "ms_per_request": per_request_s * 1000})
+
+
+def write_results(args: argparse.Namespace, lines: list[str], figures: dict) -> None:
+    """``metrics-overhead-DATE-MACHINE-ENGINE.{md,json}`` in ``args.out``."""
+    import datetime
+    import platform
+
+    date = datetime.date.today().isoformat()
+    machine = f"{platform.machine()}-{'cuda' if any('cuda' in a for a in args.server_arg) else 'cpu'}"
+    stem = args.out / f"metrics-overhead-{date}-{machine}-{args.engine}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    figures = {"date": date, "machine": machine, "cpus": os.cpu_count(),
+               "command": " ".join(sys.argv), **figures}
+    stem.with_suffix(".json").write_text(json.dumps(figures, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(
+        f"# Metrics overhead, {date}, {machine} ({os.cpu_count()} cores)\n\n"
+        f"`python {' '.join(sys.argv)}`\n\n```\n" + "\n".join(lines) + "\n```\n")
+    print(f"wrote {stem}.md and .json")
 
 
 def direct_cost(n: int = 2000) -> tuple[float, float]:
@@ -107,8 +140,10 @@ def direct_cost(n: int = 2000) -> tuple[float, float]:
         result = GenerationResult("stop", 120, 64, 90, 12.0, 100.0, plan)
         scope = {"method": "POST", "route": None}
         started = time.perf_counter()
-        for _ in range(n):
+        for _ in range(n):  # the worst case: every request restores and parks a conversation
             metrics.observe(scope, 200, [result])
+            metrics.moved("restore", "ram", 0.004)
+            metrics.moved("park", "ram", 0.002)
         observe = (time.perf_counter() - started) / n * 1e6
         started = time.perf_counter()
         for _ in range(n // 10):

@@ -7,12 +7,14 @@ prefilled into the torch engine in-process), each repetition measures, interleav
 - RAM save: ``capture`` (engine snapshot to host memory, checkpoints included);
 - RAM restore: ``install`` (engine state, held ids, checkpoints back);
 - disk save: ``SessionStore.save`` (safetensors + JSON, XXH3, temporary file, fsync, rename,
-  directory fsync) and the raw write of as many bytes (8 MiB writes, fsync) to a new file in
-  the same directory;
-- disk restore, cold: ``SessionStore.load`` + ``install`` (map, checksum verified while the
-  state is copied into the engine), and the raw read of the raw file (8 MiB reads into one
-  reused buffer), each file first dropped from the page cache (``posix_fadvise(DONTNEED)``
-  after an fsync). The fraction of the file resident in the page cache just before each read
+  directory fsync) and the raw write of as many bytes from a full-size buffer already in
+  memory (as the parked state is) in 8 MiB writes, fsync, to a new file in the same directory;
+- disk restore, cold: ``SessionStore.load`` + ``install`` (checksum verified while the state
+  is read straight into the engine's cache), and the raw read of the raw file in 8 MiB
+  ``readinto`` calls into a full-size buffer already touched (as the engine's cache is), each
+  file first dropped from the page cache (``posix_fadvise(DONTNEED)`` after an fsync). The raw
+  side thus moves the same bytes between the same kinds of memory in the same pattern; only
+  the format, the checksum and the bookkeeping differ. The fraction of the file resident in the page cache just before each read
   is measured (``mincore``) and printed, so the condition is shown, not assumed;
 - disk restore, warm: the same two reads again with the files left in the page cache
   (resident fraction printed too): what a restore of a file saved moments ago costs;
@@ -89,27 +91,40 @@ def _map_address(m: mmap.mmap) -> int:
     return address
 
 
-def raw_write(path: Path, nbytes: int, block: bytes) -> float:
-    """Seconds to write ``nbytes`` to a new file in ``BLOCK`` writes, fsync included."""
+def raw_write(path: Path, source: memoryview) -> float:
+    """Seconds to write all of ``source`` (a full-size buffer already in memory, as a parked
+    state is) to a new file in ``BLOCK`` writes, fsync included: the session writer's pattern."""
     started = time.perf_counter()
-    view = memoryview(block)
-    with open(path, "wb") as f:
-        left = nbytes
-        while left > 0:
-            f.write(view[:min(left, len(block))])
-            left -= len(block)
-        f.flush()
+    with open(path, "wb", buffering=0) as f:
+        for begin in range(0, len(source), BLOCK):
+            f.write(source[begin:begin + BLOCK])
         os.fsync(f.fileno())
     return time.perf_counter() - started
 
 
-def raw_read(path: Path, buffer: bytearray) -> float:
-    """Seconds to read the whole file in ``BLOCK`` reads into one reused buffer."""
+def raw_read(path: Path, target: memoryview) -> float:
+    """Seconds to read the whole file into ``target`` (a full-size buffer already touched, as an
+    engine's cache is) in ``BLOCK`` ``readinto`` calls: the session reader's pattern."""
     started = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
-        while f.readinto(buffer):
-            pass
+        for begin in range(0, len(target), BLOCK):
+            view = target[begin:begin + BLOCK]
+            got = 0
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    raise OSError("short read")
+                got += n
     return time.perf_counter() - started
+
+
+def full_buffers(nbytes: int) -> tuple[memoryview, memoryview]:
+    """(random source, zeroed target) of ``nbytes`` each, every page touched before timing."""
+    import numpy as np
+
+    source = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    target = np.ones(nbytes, dtype=np.uint8)
+    return memoryview(source), memoryview(target)
 
 
 # SmolLM2-135M's shape (the bundled model): --random-weights builds it without the model file
@@ -162,9 +177,9 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
             "warm_restore", "warm_raw_read")
     times: dict[str, list[float]] = {k: [] for k in keys}
     residency: dict[str, list[float]] = {k: [] for k in ("cold_session", "cold_raw", "warm_session", "warm_raw")}
-    block, buffer = os.urandom(BLOCK), bytearray(BLOCK)
     raw_path = store.directory / "raw-speed.bin"
     nbytes = file_bytes = 0
+    source = target = None  # full-size raw buffers, made once the file size is known
     for rep in range(repeat):
         t = time.perf_counter()
         entry = capture(gen, "bench", time.time())
@@ -183,11 +198,13 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
         saved: list = []
         first_raw = rep % 2 == 1  # alternate which goes first, so order effects cancel
         if first_raw:
-            times["raw_write"].append(raw_write(raw_path, file_bytes, block))  # as the last save
+            times["raw_write"].append(raw_write(raw_path, source))  # as large as the last save
         save()
         file_bytes = saved[0].nbytes
+        if source is None:
+            source, target = full_buffers(file_bytes)
         if not first_raw:
-            times["raw_write"].append(raw_write(raw_path, file_bytes, block))
+            times["raw_write"].append(raw_write(raw_path, source))
 
         def restore(condition: str) -> None:
             residency[f"{condition}_session"].append(resident(saved[0].path))
@@ -200,7 +217,7 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
 
         def read_raw(condition: str) -> None:
             residency[f"{condition}_raw"].append(resident(raw_path))
-            times[f"{condition}_raw_read"].append(raw_read(raw_path, buffer))
+            times[f"{condition}_raw_read"].append(raw_read(raw_path, target))
 
         for condition in ("cold", "warm"):
             if condition == "cold":

@@ -7,7 +7,8 @@ With the bundled model's tokenizer and chat template (SmolLM2, ChatML):
 2. against a real ``redlite serve`` (torch engine, bundled model, default context): the time until
    each of those conversations is answered (a 400 when it does not fit the context), and the delay
    a small request (``max_tokens`` 1) suffers when sent while the 10,000-message request is being
-   handled, against the same small request alone.
+   handled, against the same small request alone; and the server process's CPU time per
+   request (what one request costs everyone else on a quiet machine).
 Prints a table and saves JSON under bench/results/ (with the machine's load average: the
 figures are only comparable on an otherwise idle machine).
 
@@ -95,14 +96,23 @@ def post(url: str, messages: list[dict] | bytes, **fields) -> tuple[int, float]:
     return r.status_code, (time.perf_counter() - started) * 1000
 
 
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far, in ms (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def server_figures(cases: dict, runs: int) -> dict:
     out: dict = {"answered_ms": {}}
     with ServerProcess(engine="torch", timeout_s=300) as server:
         post(server.url, SMALL, max_tokens=1)  # warm-up
         for name, messages in cases.items():
-            results = [post(server.url, messages, max_tokens=1) for _ in range(runs)]
+            body = json.dumps({"messages": messages, "temperature": 0, "max_tokens": 1}).encode()
+            before = cpu_ms(server.proc.pid)
+            results = [post(server.url, body) for _ in range(runs)]
             out["answered_ms"][name] = {"status": results[0][0],
-                                        "ms": statistics.median(ms for _, ms in results)}
+                                        "ms": statistics.median(ms for _, ms in results),
+                                        "server_cpu_ms": (cpu_ms(server.proc.pid) - before) / runs}
         alone = statistics.median(post(server.url, SMALL, max_tokens=1)[1] for _ in range(runs))
         big_body = json.dumps({"messages": cases["10000 tiny"], "temperature": 0}).encode()
         delays, overlapped = [], 0
@@ -151,7 +161,8 @@ def main() -> None:
         figures = server_figures(cases, args.runs)
         result["server"] = figures
         for name, answer in figures["answered_ms"].items():
-            print(f"server: {name:>10} answered {answer['status']} in {answer['ms']:.1f} ms")
+            print(f"server: {name:>10} answered {answer['status']} in {answer['ms']:.1f} ms "
+                  f"(server CPU {answer['server_cpu_ms']:.1f} ms per request)")
         print(f"server: small request alone {figures['small_alone_ms']:.1f} ms; delayed by "
               f"{figures['small_delay_ms']:.1f} ms (max {figures['small_delay_max_ms']:.1f}) while "
               f"the 10,000-message request is handled (overlapping in {figures['small_overlapped_runs']} "

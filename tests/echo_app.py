@@ -20,18 +20,20 @@ from redlite.server.slots import SlotService
 
 
 def echo_state(slot_dir: Path | None = None, security: SecurityOptions | None = None,
-               max_tokens: int | None = None, park_device_bytes: int = 0,
+               max_tokens: int | None = None, park_device_bytes: int = 0, parking=None,
                **state_fields) -> ServerState:
     """A ServerState over a fresh echo engine and worker thread (stop it with
     ``state.worker.shutdown()``); ``max_tokens``: the server-side cap (``--max-tokens``);
     ``park_device_bytes``: ``--park-device-mib`` in bytes (the engine then counts as holding
-    its state in device memory)."""
+    its state in device memory); ``parking(engine)``: the generator's Conversations instead of
+    a 1 MiB, 4-entry pool."""
     engine = EchoEngine(device_resident=park_device_bytes > 0)
     # one prefill call per request whatever its length, so tests can count requests' prefills
     generator = Generator(engine, ByteTokenizer(), GeneratorSettings(prefill_chunk=1 << 30,
                                                                  max_tokens=max_tokens))
-    generator.parking = Conversations(ParkingPool(1 << 20, 4, device_budget_bytes=park_device_bytes),
-                                      None)
+    generator.parking = (parking(engine) if parking is not None else
+                         Conversations(ParkingPool(1 << 20, 4, device_budget_bytes=park_device_bytes),
+                                       None))
     worker = EngineWorker(generator, max_queue=4)
     slots = None
     if slot_dir is not None:

@@ -6,6 +6,7 @@ under pytest's temporary directory, so the tests neither use nor touch the user'
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from redlite.loading.gguf import (
     resolve_model_dir,
     unpermute_rotary_rows,
 )
+from redlite.loading.progress import Progress
 from redlite.loading.tokenizer import HFTokenizer, load_tokenizer
 
 import torch
@@ -211,7 +213,7 @@ def test_directory_holding_one_gguf_is_that_gguf(
 def test_failed_conversion_leaves_no_cache(
     bundled_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def half_conversion(source: Path, out_dir: Path) -> None:
+    def half_conversion(source: Path, out_dir: Path, progress=None) -> None:
         (Path(out_dir) / "config.json").write_text("{}")
         (Path(out_dir) / "model.safetensors").write_bytes(b"partial")
         raise KeyboardInterrupt  # as if the process were interrupted mid-write
@@ -523,3 +525,60 @@ def test_load_tokenizer_without_files(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load_tokenizer(tmp_path)
 
+
+
+# ------------------------------------------------------------------------------------------
+# progress.py: the first start's conversion shows its progress
+# ------------------------------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_conversion_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    _, original = _tiny_llama(tmp_path)
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(original, "llama", path)
+    (tmp_path / "out").mkdir()
+    terminal = _Terminal()
+    with Progress("first start: converting tiny.gguf", stream=terminal) as progress:
+        gguf_module.convert_gguf(path, tmp_path / "out", progress)
+    tensors = len(original.state_dict())  # untied: every tensor is written
+    assert progress.total == progress.done == tensors + 2  # + the parse and the tokenizer
+    shown = terminal.getvalue()
+    assert "\r" in shown and "weights: tensor table" in shown
+    assert f"{tensors + 2}/{tensors + 2}" in shown and "100%" in shown
+
+
+def test_conversion_progress_lines_elsewhere(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _, original = _tiny_llama(tmp_path)
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(original, "llama", path)
+    caplog.set_level("INFO", logger="redlite.loading")
+    # pytest's captured stderr is no terminal: plain lines, one per stage
+    resolve_model_dir(path, cache_dir=tmp_path / "cache")
+    total = len(original.state_dict()) + 2
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("first start")]
+    assert lines == ["first start: converting tiny.gguf: reading the GGUF file",
+                     f"first start: converting tiny.gguf: weights: tensor table (1/{total}, {100 // total}%)",
+                     f"first start: converting tiny.gguf: tokenizer (transformers) ({total - 1}/{total}, "
+                     f"{100 * (total - 1) // total}%)"]
+    caplog.clear()
+    resolve_model_dir(path, cache_dir=tmp_path / "cache")  # cached: nothing to show
+    assert not [r for r in caplog.records if r.getMessage().startswith("first start")]
+
+
+def test_progress_lines_at_most_every_few_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    caplog.set_level("INFO", logger="redlite.loading")
+    with Progress("job", stream=io.StringIO(), every_s=5.0, clock=lambda: now[0]) as progress:
+        progress.expect(10)
+        progress.stage("counting")
+        for _ in range(10):
+            now[0] += 2.0
+            progress.advance()
+    assert [r.getMessage() for r in caplog.records] == [
+        "job: counting (0/10, 0%)", "job: counting (3/10, 30%)", "job: counting (6/10, 60%)",
+        "job: counting (9/10, 90%)"]

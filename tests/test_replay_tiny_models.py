@@ -194,7 +194,7 @@ def test_main_and_sub_agent_interleaved(model_dir):
                 previous[agent] = held
                 history.append({"role": "assistant", "content": answer.get("content") or ""})
         # every turn after the first two switched conversations: restored from the RAM pool
-        assert warm.state.worker.generator.parking.restores.get("ram", 0) == 4
+        assert 'redlite_restore_seconds_count{tier="ram"} 4.0' in warm.get("/metrics").text
 
 
 @pytest.mark.parametrize("case", ["trimmed", "regenerate"])

@@ -48,16 +48,11 @@ log = logging.getLogger("redlite.parking")
 class Conversations(Parker):
     """The candidate-selection step over the parking tiers of one generator (``pool``: device
     and host memory, may be None; ``sessions``: disk, may be None). Used from the engine worker
-    thread only.
-
-    restores / restore_seconds: successful restores and the seconds they took, per tier
-    (``device``, ``ram``, ``disk``), for the metrics (read from other threads)."""
+    thread only. Restores are timed through ``on_timing`` (:class:`~redlite.core.parker.Parker`)."""
 
     def __init__(self, pool: ParkingPool | None, sessions: SessionStore | None,
-                 clock=time.time) -> None:
-        super().__init__(pool, sessions, clock)
-        self.restores: dict[str, int] = {}
-        self.restore_seconds: dict[str, float] = {}
+                 clock=time.time, timer=time.perf_counter) -> None:
+        super().__init__(pool, sessions, clock, timer)
         self._session: str | None = None  # the current request's session key
 
     def attach_replay(self, store: ReplayStore) -> int:
@@ -109,7 +104,7 @@ class Conversations(Parker):
                 if self._live_would_lose(gen, live_common, kept):
                     self.park_live(gen, frozenset(), keep=kept)
                 return
-            started = time.perf_counter()
+            started = self._timer()
             entry = self._fetch(choice)
             if entry is None:
                 continue
@@ -124,9 +119,8 @@ class Conversations(Parker):
             if installed:
                 if self.replay is not None and entry.replay:
                     self.replay.restore(entry.replay)  # its turns: used again
-                seconds = time.perf_counter() - started
-                self.restores[choice.tier] = self.restores.get(choice.tier, 0) + 1
-                self.restore_seconds[choice.tier] = self.restore_seconds.get(choice.tier, 0.0) + seconds
+                seconds = self._timer() - started
+                self._timed("restore", choice.tier, seconds)
                 tail = f" tail [{entry.base}, {len(entry.held_ids)})" if entry.is_tail else ""
                 log.info("%s restored from %s %d tok in %.1f ms (usable %d)%s%s", request_id,
                          choice.tier, len(entry.held_ids), seconds * 1000.0, choice.usable, tail,

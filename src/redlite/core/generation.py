@@ -134,6 +134,9 @@ class Generator:
         # where the last generated answer starts in held_ids (for the cache-miss explanation)
         self._answer_start: int | None = None
         self.session_key: str | None = None  # the live conversation's session key
+        # requests whose first choice reused the live conversation's state (0: a new one; a
+        # request of another session key starts a new count)
+        self.hits = 0
 
     # --- planning and executing --------------------------------------------------------------
 
@@ -251,8 +254,11 @@ class Generator:
         if self.parking is not None and self.settings.reuse and index == 0:
             # candidate selection: the live state or a parked conversation (never raises)
             self.parking.select(self, prompt, request.request_id, request.session_key)
-        self.session_key = request.session_key
         plan = self.plan(prompt)
+        if index == 0:  # another session key: another conversation, whatever prefix it shares
+            same = request.session_key is None or request.session_key == self.session_key
+            self.hits = (self.hits if same else 0) + 1 if plan.keep else 0
+        self.session_key = request.session_key
         if (line := plan.miss_line()) is not None:
             if plan.reason is MissReason.TOKEN_MISMATCH:
                 line += " " + describe_divergence(self.tokenizer, self.held_ids, prompt, plan.common,

@@ -29,7 +29,7 @@ def capture(gen: "Generator", key: Hashable, now: float) -> ParkedEntry:
     engine = gen.engine
     checkpoints = [parked_checkpoint(engine, c, False) for c in gen.checkpoints.items()]
     return ParkedEntry(key, list(gen.held_ids), engine.snapshot(), checkpoints, now, now,
-                       session=gen.session_key)
+                       session=gen.session_key, hits=gen.hits)
 
 
 def capture_tail(gen: "Generator", key: Hashable, now: float, keep: int,
@@ -42,7 +42,7 @@ def capture_tail(gen: "Generator", key: Hashable, now: float, keep: int,
     checkpoints = [parked_checkpoint(engine, c, on_device) for c in gen.checkpoints.items()
                    if c.position > keep]
     return ParkedEntry(key, list(gen.held_ids), snapshot, checkpoints, now, now,
-                       session=gen.session_key, base=keep,
+                       session=gen.session_key, hits=gen.hits, base=keep,
                        parent=LIVE if keep > 0 else None, on_device=on_device)
 
 
@@ -80,6 +80,7 @@ def install(gen: "Generator", entry: ParkedEntry, keep: int = 0) -> bool:
             parking.lineage.install(gen, entry)
         else:
             _install_whole(gen, entry)
+        gen.hits, gen.session_key = entry.hits, entry.session  # the conversation's own
         gen.failed = False
         return True
     except Exception as error:  # a failed restore never fails the request: run cold
@@ -100,5 +101,6 @@ def reset(gen: "Generator") -> int:
     gen.engine.reset()
     gen.held_ids = []
     gen.checkpoints.clear()
+    gen.hits, gen.session_key = 0, None
     gen.failed = False
     return held

@@ -36,11 +36,17 @@ log = logging.getLogger("redlite.parking")
 
 class Parker:
     """The parking tiers of one generator: ``pool`` (device and host memory, may be None),
-    ``sessions`` (disk, may be None) and the ``lineage`` of the pool's tail entries."""
+    ``sessions`` (disk, may be None) and the ``lineage`` of the pool's tail entries.
+
+    on_timing: None, or ``on_timing(kind, tier, seconds)`` called on the worker thread after
+    each successful ``restore`` (tier ``device``, ``ram`` or ``disk``: where the entry was),
+    ``park`` (tier ``device`` or ``ram``: copy + admission) and ``save`` (tier ``disk``: a
+    session file written or found identical). timer: the monotonic clock of those seconds."""
 
     def __init__(self, pool: ParkingPool | None, sessions: SessionStore | None,
-                 clock=time.time) -> None:
-        self.pool, self.sessions, self._clock = pool, sessions, clock
+                 clock=time.time, timer=time.perf_counter) -> None:
+        self.pool, self.sessions, self._clock, self._timer = pool, sessions, clock, timer
+        self.on_timing = None
         self.lineage = Lineage(pool, spill=lambda entry, reason: self._spill(entry, reason, frozenset(),
                                                                              True))
         self._gen = None  # the generator of the running request (for spills of tail entries)
@@ -53,6 +59,13 @@ class Parker:
             keys = {t.key for t in found}
             entry.replay = [t for t in entry.replay if t.key not in keys] + found
         return entry
+
+    def _timed(self, kind: str, tier: str, seconds: float) -> None:
+        if self.on_timing is not None:
+            try:
+                self.on_timing(kind, tier, seconds)
+            except Exception:  # noqa: BLE001 - counting never fails a conversation move
+                log.exception("timing listener failed")
 
     def before_cut(self, gen: "Generator", keep: int) -> None:
         """Called before the live state is cut to ``keep`` tokens or replaced (0): the one
@@ -68,7 +81,7 @@ class Parker:
         (engines with device memory), else in host memory. The size is checked first
         (``Engine.range_nbytes``): a state that neither the pool would admit nor the disk tier
         would take is dropped without being copied."""
-        started = time.perf_counter()
+        started = self._timer()
         self._gen = gen
         n = len(gen.held_ids)
         if keep >= n:
@@ -156,7 +169,10 @@ class Parker:
         self.pool.add(entry, hashes)
         if self._gen is not None and (entry.parent == LIVE or entry.base == 0):
             self.lineage.release_live(self._gen, entry.base, heir=entry)  # it copies the live state
-        ms = (time.perf_counter() - started) * 1000.0 if started is not None else 0.0
+        seconds = self._timer() - started if started is not None else 0.0
+        if started is not None:
+            self._timed("park", entry.tier, seconds)
+        ms = seconds * 1000.0
         log.info("parked %d tok (%d bytes) in %.1f ms: tokens [%d, %d) tier=%s as %s (%s)%s; pool "
                  "%d entries, %d bytes host, %d bytes device", n - entry.base, entry.nbytes, ms,
                  entry.base, n, entry.tier, entry.key,
@@ -178,7 +194,10 @@ class Parker:
             except Exception as error:  # noqa: BLE001 - its prefix is gone: not saved
                 log.warning("save skipped %d tok reason=%s: %s", n, type(error).__name__, error)
                 return
-            self.sessions.save(self._with_turns(whole), supersede=can_rewind, protected=protected)
+            started = self._timer()
+            if self.sessions.save(self._with_turns(whole), supersede=can_rewind,
+                                  protected=protected) is not None:
+                self._timed("save", "disk", self._timer() - started)
 
     # --- stop --------------------------------------------------------------------------------
 
@@ -215,6 +234,8 @@ class Parker:
                                 type(error).__name__, error)
                     continue
             with guard():
+                started = self._timer()
                 if self.sessions.save(self._with_turns(entry), supersede=gen.engine.can_rewind) is not None:
+                    self._timed("save", "disk", self._timer() - started)
                     saved += 1
         return saved

@@ -79,6 +79,7 @@ class ParkedEntry:
     session: str | None = None  # the client's session key of the conversation (saved with it)
     # the exact-replay turns (redlite.core.replay.GeneratedTurn) its held ids hold (saved with it)
     replay: list = field(default_factory=list)
+    hits: int = 0  # requests that reused this conversation's state (not saved with it)
     # A tail entry (see redlite.core.forks): ``snapshot`` holds only tokens [base, len(held_ids))
     # (plus the end state), ``checkpoints`` only those past ``base``; the prefix [0, base) is the
     # state of ``parent``: LIVE (the live conversation) or the key of another pool entry.

@@ -22,6 +22,9 @@ Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"
   with it; :meth:`redlite.core.conversations.Conversations.attach_replay` seeds the store).
 
 Not thread-safe: used from the engine worker thread (and at start/stop, when it is idle).
+The parts: :mod:`redlite.core.session_entries` (entry <-> file), :mod:`redlite.core.session_prune`
+(what to delete), :mod:`redlite.core.session_index` (the directory's index); this module loads,
+saves and prunes (:class:`SessionStore`) and re-exports the parts' names.
 """
 
 from __future__ import annotations
@@ -30,133 +33,27 @@ import logging
 import os
 import secrets
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Hashable, Sequence
+from typing import Any, Sequence
 
-from redlite.core.parking import (Candidate, ParkedCheckpoint, ParkedEntry,
-                                  candidates_from_index, tensor_nbytes)
-from redlite.core.prefix_index import DEFAULT_BLOCK, PrefixIndex
+from redlite.core.parking import ParkedEntry
+from redlite.core.prefix_index import DEFAULT_BLOCK
 from redlite.core.private_files import open_private
-from redlite.core.replay import GeneratedTurn
 from redlite.core.reuse import common_prefix_length
-from redlite.core.session_dir import (REJECTED, SESSION_NAME, TEMP_NAME, Owners,
-                                      prepare_session_dir)
-from redlite.core.session_file import (Expected, SessionFileError, StateFile, check_compatible,
-                                       open_state_file, read_meta, write_state_file)
+from redlite.core.session_dir import REJECTED, SESSION_NAME, TEMP_NAME  # noqa: F401 (re-exported)
+from redlite.core.session_entries import (engine_dtype, entry_from_file, entry_to_file,  # noqa: F401
+                                          expected_for)
+from redlite.core.session_file import (Expected, SessionFileError, open_state_file,
+                                       write_state_file)
+from redlite.core.session_index import DiskEntry, SessionIndex
+from redlite.core.session_prune import FileStats, plan_prune
 from redlite.engine.base import StateSnapshot
 
 log = logging.getLogger("redlite.sessions")
 
 
-# --- entry <-> file ----------------------------------------------------------------------------
-
-def engine_dtype(engine: Any) -> str:
-    """The compute dtype an engine names in its files (``"none"`` for the echo engine)."""
-    return str(getattr(engine, "dtype", "none")).removeprefix("torch.")
-
-
-def expected_for(engine: Any) -> Expected:
-    """What this engine's files carry. Probes ``engine.snapshot()`` for its tensor format, so
-    call it while the engine holds no conversation (at start)."""
-    return Expected(engine.fingerprint(), engine_dtype(engine), engine.snapshot().tensor_format)
-
-
-def entry_to_file(entry: ParkedEntry, expected: Expected) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(metadata, tensors) of ``entry`` for :func:`write_state_file`. Checkpoints held only as
-    engine objects (no host form) are left out."""
-    snapshot = entry.snapshot
-    tensors = {f"state.{name}": array for name, array in snapshot.tensors.items()}
-    checkpoints = []
-    for i, c in enumerate(c for c in entry.checkpoints if c.tensors is not None):
-        names = []
-        for name, array in c.tensors.items():
-            tensors[f"ckpt.{i}.{name}"] = array
-            names.append(name)
-        checkpoints.append({"position": c.position, "turn_boundary": c.turn_boundary,
-                            "nbytes": c.nbytes, "meta": c.meta or {}, "tensors": names})
-    meta = {"fingerprint": expected.fingerprint, "dtype": expected.dtype,
-            "tensor_format": snapshot.tensor_format,
-            "layout": str(snapshot.meta.get("layout", "")), "n_past": snapshot.n_past,
-            "held_ids": [int(t) for t in entry.held_ids], "engine_meta": snapshot.meta,
-            "checkpoints": checkpoints, "created": entry.created, "last_used": entry.last_used,
-            "session": entry.session, "replay": [t.to_record() for t in entry.replay]}
-    return meta, tensors
-
-
-def entry_from_file(state: StateFile, key: Hashable) -> ParkedEntry:
-    """The :class:`ParkedEntry` (tier ``disk``) in a verified file. Raises SessionFileError
-    ("corrupt-header") when the metadata are inconsistent."""
-    meta = state.meta
-    try:
-        held = [int(t) for t in meta["held_ids"]]
-        n_past = int(meta["n_past"])
-        if n_past != len(held):
-            raise ValueError(f"n_past {n_past} != {len(held)} held ids")
-        snapshot = StateSnapshot(n_past, {name[6:]: array for name, array in state.tensors.items()
-                                          if name.startswith("state.")},
-                                 dict(meta.get("engine_meta") or {}), meta["tensor_format"])
-        checkpoints = []
-        for i, c in enumerate(meta.get("checkpoints") or []):
-            payload = {name: state.tensors[f"ckpt.{i}.{name}"] for name in c["tensors"]}
-            checkpoints.append(ParkedCheckpoint(int(c["position"]), bool(c["turn_boundary"]),
-                                                tensor_nbytes(payload), payload, dict(c["meta"])))
-        replay = [GeneratedTurn.from_record(r) for r in meta.get("replay") or []]
-    except (KeyError, ValueError, TypeError) as error:
-        raise SessionFileError("corrupt-header", f"inconsistent metadata: {error}") from None
-    return ParkedEntry(key, held, snapshot, checkpoints, float(meta.get("created", 0.0)),
-                       float(meta.get("last_used", 0.0)), tier="disk",
-                       session=meta.get("session"), replay=replay)
-
-
-# --- pruning (pure) ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FileStats:
-    key: Hashable
-    nbytes: int
-    last_used: float
-    rejected: bool = False
-
-
-def plan_prune(files: Sequence[FileStats], keep: int, max_bytes: int,
-               protected: frozenset = frozenset()) -> list[Hashable]:
-    """Keys of the files to delete, rejected ones first, then least recently used first, so
-    that at most ``keep`` files and ``max_bytes`` bytes remain; protected keys are never
-    chosen (the result may then still exceed the bounds)."""
-    order = sorted(files, key=lambda f: (not f.rejected, f.last_used))
-    count, total = len(files), sum(f.nbytes for f in files)
-    victims = []
-    for f in order:
-        if count <= keep and total <= max_bytes:
-            break
-        if f.key in protected:
-            continue
-        victims.append(f.key)
-        count, total = count - 1, total - f.nbytes
-    return victims
-
-
-# --- the store ---------------------------------------------------------------------------------
-
-@dataclass
-class DiskEntry:
-    """An indexed file: held ids and checkpoint positions from its header (no tensors)."""
-
-    key: str
-    path: Path
-    held_ids: list[int]
-    checkpoint_positions: list[int]
-    nbytes: int
-    created: float
-    last_used: float
-    tier: str = field(default="disk")
-    session: str | None = None  # the client's session key
-    replay: list = field(default_factory=list)  # its exact-replay turns (until the store takes them)
-
-
-class SessionStore:
-    """Session files of one model in ``directory`` (created mode 0700 when missing).
+class SessionStore(SessionIndex):
+    """Session files of one model in ``directory`` (created mode 0700 when missing): the
+    index (:class:`SessionIndex`) plus loading, saving and pruning.
 
     expected: what files must match (:func:`expected_for`). min_tokens: smallest conversation
     saved (tokens). keep: most files kept. max_bytes: most bytes kept (both count the
@@ -167,158 +64,17 @@ class SessionStore:
     def __init__(self, directory: str | os.PathLike, expected: Expected, *, min_tokens: int = 512,
                  keep: int = 12, max_bytes: int = 20 << 30, block: int = DEFAULT_BLOCK,
                  opener=open_private, clock=time.time) -> None:
-        self.directory = Path(directory)
-        self.expected = expected
+        super().__init__(directory, expected, block=block, clock=clock)
         self.min_tokens, self.keep, self.max_bytes = int(min_tokens), int(keep), int(max_bytes)
-        self.refusals = 0
-        self._opener, self._clock = opener, clock
-        self._entries: dict[str, DiskEntry] = {}
-        self._rejected: dict[str, FileStats] = {}  # name in rejected/ -> size, mtime
-        self._index = PrefixIndex(block)
-        self._owners: Owners | None = None
-        self._left_in_place: set[str] = set()  # refused files of live writers: not re-read
-        self._seen_mtime, self._seen_at = None, float("-inf")  # the directory at the last look
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def entries(self) -> list[DiskEntry]:
-        return list(self._entries.values())
-
-    def rejected(self) -> list[str]:
-        """Names of the files in ``rejected/`` (refused at load, kept until pruned)."""
-        return sorted(self._rejected)
+        self._opener = opener
 
     def eligible(self, n_tokens: int) -> bool:
         return n_tokens >= max(1, self.min_tokens)
 
-    @property
-    def owners(self) -> Owners:
-        if self._owners is None:
-            prepare_session_dir(self.directory)
-            self._owners = Owners(self.directory)
-        return self._owners
-
-    def close(self) -> None:
-        """Give up the owner lock (files stay; the next server adopts them)."""
-        if self._owners is not None:
-            self._owners.close()
-
-    # --- index -------------------------------------------------------------------------------
-
     def scan(self) -> None:
-        """Index the directory: our files of this model become candidates; others are refused
-        (logged) and, when this server may, moved to ``rejected/``; stale temporary files of
-        writers no longer alive are removed; then the bounds are applied."""
-        owners = self.owners
-        owners.remove_stale_locks()
-        self._seen_mtime, self._seen_at = self.directory.stat().st_mtime_ns, self._clock()
-        for path in sorted(self.directory.iterdir()):
-            if TEMP_NAME.match(path.name):
-                if owners.may_delete(path.name):
-                    try:
-                        path.unlink()
-                    except OSError:
-                        pass
-                continue
-            if not SESSION_NAME.match(path.name):
-                continue
-            self._index_file(path)
-        rejected_dir = self.directory / REJECTED
-        if rejected_dir.is_dir():
-            for path in rejected_dir.iterdir():
-                if SESSION_NAME.match(path.name):
-                    st = path.stat()
-                    self._rejected[path.name] = FileStats(path.name, st.st_size, st.st_mtime, True)
-        log.info("session dir %s: %d saved conversations indexed (%d bytes), %d rejected",
-                 self.directory, len(self._entries), sum(e.nbytes for e in self._entries.values()),
-                 len(self._rejected))
+        """Index the directory (:meth:`SessionIndex.scan`), then apply the bounds."""
+        super().scan()
         self.prune()
-
-    def _index_file(self, path: Path) -> bool:
-        """Index one session file from its header; a refused one is rejected. True if indexed."""
-        try:
-            meta, size = read_meta(path)
-            check_compatible(meta, self.expected)
-            held = [int(t) for t in meta["held_ids"]]
-            positions = [int(c["position"]) for c in meta.get("checkpoints") or []]
-            replay = [GeneratedTurn.from_record(r) for r in meta.get("replay") or []]
-            last_used = path.stat().st_mtime  # set to the last use on save and load
-        except SessionFileError as error:
-            self._reject(path, error)
-            return False
-        except (KeyError, TypeError, ValueError, OSError) as error:
-            self._reject(path, SessionFileError("corrupt-header", str(error)))
-            return False
-        self._add(DiskEntry(path.name, path, held, positions, size,
-                            float(meta.get("created", 0.0)), last_used,
-                            session=meta.get("session"), replay=replay))
-        return True
-
-    def refresh(self) -> int:
-        """Shared directory: index the files other servers wrote since the last look and
-        forget those gone (pruned by their writer). Lists the directory only when its mtime
-        changed or a second passed. Returns the files added."""
-        now = self._clock()
-        try:
-            mtime = self.directory.stat().st_mtime_ns
-        except OSError:
-            return 0
-        if mtime == self._seen_mtime and now - self._seen_at < 1.0:
-            return 0
-        self._seen_mtime, self._seen_at = mtime, now
-        try:
-            present = {p.name: p for p in self.directory.iterdir() if SESSION_NAME.match(p.name)}
-        except OSError:
-            return 0
-        for key in [k for k in self._entries if k not in present]:
-            self._forget(key)
-        added = sum(self._index_file(present[name]) for name in sorted(present)
-                    if name not in self._entries and name not in self._left_in_place)
-        if added:
-            log.info("session dir %s: %d conversations saved by other servers indexed",
-                     self.directory, added)
-        return added
-
-    def _add(self, entry: DiskEntry) -> None:
-        self._entries[entry.key] = entry
-        self._index.add(entry.key, entry.held_ids)
-
-    def _forget(self, key: str) -> DiskEntry | None:
-        self._index.remove(key)
-        return self._entries.pop(key, None)
-
-    def _reject(self, path: Path, error: SessionFileError) -> None:
-        """Log a refused file and move it to ``rejected/`` when this server may move it
-        (counted in ``refusals``, for the metrics)."""
-        self.refusals += 1
-        name = path.name
-        if not self.owners.may_delete(name):  # another live server's (another model's?) file
-            self._left_in_place.add(name)
-            log.warning("refused file %s reason=%s (%s); left in place (its writer is running)",
-                        name, error.reason, error.detail)
-            return
-        target = self.directory / REJECTED / name
-        try:
-            target.parent.mkdir(mode=0o700, exist_ok=True)
-            os.rename(path, target)
-            st = target.stat()
-        except OSError as move_error:
-            log.warning("refused file %s reason=%s (%s); could not move it to %s/: %s", name,
-                        error.reason, error.detail, REJECTED, move_error)
-            return
-        self._rejected[name] = FileStats(name, st.st_size, st.st_mtime, True)
-        log.warning("refused file %s reason=%s (%s); moved to %s/", name, error.reason,
-                    error.detail, REJECTED)
-
-    def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
-        """Indexed files with a usable prefix for ``prompt`` (see ParkingPool.candidates),
-        after a :meth:`refresh`."""
-        self.refresh()
-        return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far)
 
     # --- load --------------------------------------------------------------------------------
 

@@ -87,5 +87,5 @@ def sample_into(logits: torch.Tensor, out: torch.Tensor, mode: str, state: Devic
     keep |= ranks == 0                                      # the most likely token stays
     gumbel = -torch.log(-torch.log(uniforms(order, n[1], n[2])))
     choice = torch.argmax((sorted_x + gumbel).masked_fill_(~keep, float("-inf")))
-    out.copy_(order[choice].reshape(1))
+    out.copy_(order.gather(0, choice.reshape(1)))  # order[choice] would read choice on the host
     n[2:3].add_(1)

@@ -60,6 +60,7 @@ from redlite.loading.gguf_config import (
     write_json,
 )
 from redlite.loading import gguf_qwen35
+from redlite.loading.progress import Progress
 from redlite.loading.gguf_weights import MAX_SHARD_BYTES, hf_tensor_name, unpermute_rotary_rows, write_weights
 
 __all__ = [
@@ -155,7 +156,8 @@ def resolve_model_dir(path: str | os.PathLike[str], cache_dir: str | os.PathLike
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=target.parent))
         started = time.perf_counter()
         try:
-            convert_gguf(source, tmp)
+            with Progress(f"first start: converting {source.name}") as progress:
+                convert_gguf(source, tmp, progress)
             _link_gguf(tmp, source)
             # mkdtemp (and safetensors) create owner-only modes; the cache is ordinary files.
             tmp.chmod(0o755)
@@ -170,13 +172,17 @@ def resolve_model_dir(path: str | os.PathLike[str], cache_dir: str | os.PathLike
     return target
 
 
-def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> None:
+def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+                 progress: Progress | None = None) -> None:
     """Convert one GGUF file into a Hugging Face-format directory ``out_dir`` (must exist).
 
     Writes ``config.json``, ``generation_config.json`` and the tokenizer files (when the GGUF
     has ``tokenizer.ggml.model``); the weights stay in the GGUF (every tensor name is checked
-    here, so an unknown one fails now, not at load). Not atomic by itself:
-    :func:`resolve_model_dir` calls it on a temporary directory. Logs each step's duration.
+    here, so an unknown one fails now, not at load), except for the Qwen3.5 hybrids, whose
+    weights are written dequantized to float32 safetensors. Not atomic by itself:
+    :func:`resolve_model_dir` calls it on a temporary directory. Logs each step's duration;
+    ``progress`` (optional) is told the stages and counts one unit for the parse, one per
+    tensor and one for the tokenizer.
 
     Raises:
         ValueError: unsupported architecture, unknown tensor name or rope scaling, or a file
@@ -184,6 +190,8 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     """
     import gguf  # heavy-ish import (numpy); only on the cold path
 
+    progress = progress or Progress("converting", show=False)
+    progress.stage("reading the GGUF file")
     gguf_path = Path(gguf_path)
     out = Path(out_dir)
     started = time.perf_counter()
@@ -196,6 +204,10 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     except ValueError as err:
         raise ValueError(f"{gguf_path} is not a readable GGUF file: {err}") from err
     parsed = time.perf_counter()
+    progress.expect(len(reader.tensors) + 2)
+    progress.advance()
+    hybrid = read_field(reader, "general.architecture") in gguf_qwen35.ARCHITECTURES
+    progress.stage("weights to float32" if hybrid else "weights: tensor table")
 
     config = gguf_to_hf_config(reader)
     st = gguf_path.stat()
@@ -206,14 +218,18 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
         "general.file_type": read_field(reader, "general.file_type"),
         "converter_version": CONVERTER_VERSION,
     }
-    if read_field(reader, "general.architecture") in gguf_qwen35.ARCHITECTURES:
-        write_weights(reader, config, out)  # the hybrids: dequantized float32 safetensors
+    if hybrid:
+        n_tensors, _ = write_weights(reader, config, out, progress.advance)  # hybrids: float32
+        progress.advance(len(reader.tensors) - n_tensors)  # tensors with no Hugging Face name
     else:
         write_json(out / TENSOR_TABLE, tensor_table(reader))
+        progress.advance(len(reader.tensors))
     weights_done = time.perf_counter()
+    progress.stage("tokenizer (transformers)")
 
     has_tokenizer = _write_tokenizer(gguf_path, reader, out)
     tokenizer_done = time.perf_counter()
+    progress.advance()
 
     write_json(out / "generation_config.json", generation_config(reader))
     # config.json last: its presence marks a complete directory (see _is_complete).

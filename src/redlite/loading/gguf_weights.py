@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from redlite.loading import gguf_qwen35
 from redlite.loading.gguf_config import read_field, write_json
@@ -86,8 +86,10 @@ def unpermute_rotary_rows(weight: Any, n_heads: int) -> Any:
     return np.ascontiguousarray(out)
 
 
-def write_weights(reader: Any, config: dict[str, Any], out: Path) -> tuple[int, int]:
-    """Dequantize, rename and save all tensors; returns (tensor count, bytes written)."""
+def write_weights(reader: Any, config: dict[str, Any], out: Path,
+                  on_tensor: Callable[[], None] | None = None) -> tuple[int, int]:
+    """Dequantize, rename and save all tensors; returns (tensor count, bytes written).
+    ``on_tensor()`` is called after each tensor is dequantized (progress)."""
     import numpy as np
     from gguf.quants import dequantize
     from safetensors.numpy import save_file
@@ -119,7 +121,10 @@ def write_weights(reader: Any, config: dict[str, Any], out: Path) -> tuple[int, 
             data = unpermute_rotary_rows(data, heads)
         if qwen35:
             data = gguf_qwen35.hf_values(tensor.name, data, config)
-        return np.ascontiguousarray(data)
+        data = np.ascontiguousarray(data)
+        if on_tensor is not None:
+            on_tensor()
+        return data
 
     weight_map: dict[str, str] = {}
     total = 0

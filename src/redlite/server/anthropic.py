@@ -13,6 +13,7 @@ chosen by path, :mod:`redlite.server.errors`), and inside a stream as an ``error
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, AsyncIterator
 
@@ -71,7 +72,7 @@ def mount_anthropic_routes(app: FastAPI, state) -> None:
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
         body = await parse_body(request, MessagesRequest)
-        chat = to_chat_request(body, _session_key(request, body))
+        chat = await asyncio.to_thread(to_chat_request, body, _session_key(request, body))
         context = context_of(request.scope)
         chat.request_id = f"msg_{context.hex}"
         run = ChatRun(state, request, chat, tick_s=state.ping_interval_s)
@@ -81,14 +82,11 @@ def mount_anthropic_routes(app: FastAPI, state) -> None:
             return StreamingResponse(_stream(run, stream, context.request_id),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        try:
-            async for _ in run:
-                pass
-        finally:
-            run.close()
+        await run.finish()
         return message_body(chat.request_id, state.model_id, run.output, run.usage)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Any:
         body = await parse_body(request, CountTokensRequest)
-        return {"input_tokens": await count_prompt_tokens(state, to_chat_request(body))}
+        chat = await asyncio.to_thread(to_chat_request, body)
+        return {"input_tokens": await count_prompt_tokens(state, chat)}

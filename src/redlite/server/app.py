@@ -29,6 +29,7 @@ from redlite.server import sampling_fields
 from redlite.server.access import AccessMiddleware, context_of
 from redlite.server.chat_service import ChatService
 from redlite.server.errors import APIError, surface_of
+from redlite.server.jobs import RETRY_AFTER_S
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.metrics import ServerMetrics
 from redlite.server.observe_routes import mount_observe_routes
@@ -57,7 +58,7 @@ class ServerState:
     max_context: int
     max_body_bytes: int = 8 << 20
     body_timeout_s: float = 30.0
-    retry_after_s: int = 1
+    retry_after_s: int = RETRY_AFTER_S  # of a 503 "server busy"
     slots: Any = None  # redlite.server.slots.SlotService; None: the slot API answers 501
     security: SecurityOptions = field(default_factory=SecurityOptions)
     chat_options: Any = None  # redlite.server.chat_service.ChatOptions (--tool-parser ...)
@@ -115,7 +116,7 @@ def create_app(state: ServerState) -> FastAPI:
         lambda scope, context: metrics.observe(scope, context.status, context.results)))
     if state.chat is None:  # no tokenizer lock: rendering and tokenizing are thread-safe
         state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
-                                 state.chat_options)
+                                 state.chat_options, state.retry_after_s)
 
     def respond(request: Request, error: APIError) -> JSONResponse:
         return error.response(surface_of(request.url.path), context_of(request.scope).request_id)
@@ -175,8 +176,9 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body = await _parse(request, ChatCompletionRequest)
-        chat_request = chat_request_of(body, sampling_of(body, chat=True), stops_of(body),
-                                       f"chatcmpl-{context_of(request.scope).hex}")
+        # per-message work off the event loop (a body of thousands of messages)
+        chat_request = await asyncio.to_thread(chat_request_of, body, sampling_of(body, chat=True),
+                                               stops_of(body), f"chatcmpl-{context_of(request.scope).hex}")
         chat_request.session_key = session_key_of(
             request.headers, body_session_value("openai", body.model_extra or {}))
         stream = await state.chat.start(chat_request, request)

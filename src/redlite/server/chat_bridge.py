@@ -19,7 +19,8 @@ from typing import AsyncIterator
 from fastapi import Request
 
 from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
-from redlite.server.chat_service import ChatStream, watch_disconnect
+from redlite.server.chat_service import ChatStream
+from redlite.server.jobs import watch_disconnect
 from redlite.server.wire_common import Usage
 
 
@@ -44,6 +45,14 @@ class ChatRun:
         self._stream = await self.state.chat.start(self.chat, self.http_request)
         self.prompt_tokens = self._stream.prompt_tokens
         self._watcher = asyncio.ensure_future(watch_disconnect(self.http_request, self._stream))
+
+    async def finish(self) -> None:
+        """Run to the end (a non-streamed answer: ``output`` and ``usage`` set), then close."""
+        try:
+            async for _ in self:
+                pass
+        finally:
+            self.close()
 
     def close(self) -> None:
         """Stop watching the client; cancel the job if it still runs (client gone)."""

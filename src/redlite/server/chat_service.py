@@ -34,9 +34,10 @@ from redlite.core.replay_splice import render_with_replay
 from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.tokenizer import PromptTooLong, min_chat_tokens
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
-from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
+from redlite.core.worker import Event, Job
 from redlite.server.errors import APIError, as_api_error
-from redlite.server.access import context_of, note_event
+from redlite.server.access import context_of
+from redlite.server.jobs import RETRY_AFTER_S, submit, watch_disconnect
 
 log = logging.getLogger("redlite.chat")
 
@@ -166,13 +167,6 @@ class ChatStream:
         return self.result
 
 
-async def watch_disconnect(http_request: Any, stream: ChatStream | Job) -> None:
-    """Cancel ``stream`` when the client closes its connection (the body is already read)."""
-    while True:
-        message = await http_request.receive()
-        if message["type"] == "http.disconnect":
-            stream.cancel()
-            return
 
 
 def _message_info(message: Any) -> tuple[str, str | None]:
@@ -197,8 +191,9 @@ class ChatService:
     """Renders, submits and relays chat requests (see module docstring)."""
 
     def __init__(self, worker: Any, tokenizer: Any, max_context: int,
-                 options: ChatOptions | None = None) -> None:
+                 options: ChatOptions | None = None, retry_after_s: int = RETRY_AFTER_S) -> None:
         self.worker = worker
+        self.retry_after_s = retry_after_s  # of a 503 "server busy"
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.options = options or ChatOptions()
@@ -310,40 +305,11 @@ class ChatService:
         """Render, submit and wait for the job to start. Raises APIError (400 bad request,
         503 busy / shutting down, 499 when the HTTP client left while the job waited)."""
         prepared = await self.prepare(request)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
         scope = getattr(http_request, "scope", None)
         if scope is not None:
             context_of(scope).session_key = request.session_key  # for the access log
-
-        def deliver(event: Event) -> None:
-            note_event(scope, event)  # token counts for the access log
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        job = Job(prepared.generation, deliver)
-        try:
-            self.worker.submit(job)
-        except QueueFull:
-            raise APIError(503, "server busy", None, "server_busy", {"Retry-After": "1"}) from None
-        except ShuttingDown:
-            raise APIError(503, "server is shutting down", None, "shutting_down") from None
-        getter = asyncio.ensure_future(events.get())
-        waiters = {getter}
-        watcher = None
-        if http_request is not None:
-            watcher = asyncio.ensure_future(watch_disconnect(http_request, job))
-            waiters.add(watcher)
-        try:
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-        if not getter.done():
-            getter.cancel()
-            raise APIError(499, "client closed the request")
-        first: Event = getter.result()
-        if first.kind == "error":
-            raise as_api_error(first.value)
+        job, events = await submit(self.worker, prepared.generation, http_request,
+                                   self.retry_after_s)
         texts = None
         if prepared.generation.sampling.logprobs is not None:  # the first use takes ~1 s
             from redlite.server.logprobs import TokenTexts

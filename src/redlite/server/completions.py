@@ -25,48 +25,15 @@ import time
 from typing import Any, AsyncIterator
 
 from redlite.core.generation import GenerationRequest, GenerationResult
-from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
-from redlite.server.access import note_event, request_id_of
-from redlite.server.chat_service import watch_disconnect
+from redlite.core.worker import Event, Job
+from redlite.server.access import request_id_of
 from redlite.server.errors import APIError, as_api_error, error_body
+from redlite.server.jobs import submit, watch_disconnect
 from redlite.server.logprobs import TokenTexts, completion_logprobs
 
 
 def finish_reason_of(result: GenerationResult) -> str:
     return "length" if result.finish_reason == "length" else "stop"
-
-
-async def submit(state: Any, generation: GenerationRequest, http_request: Any) -> tuple[Job, asyncio.Queue]:
-    """Queue the job and wait until it starts. Raises APIError (503 busy / shutting down, 499
-    when the client left while waiting, the job's own error)."""
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event] = asyncio.Queue()
-
-    def deliver(event: Event) -> None:
-        note_event(http_request.scope, event)  # token counts for the access log
-        loop.call_soon_threadsafe(events.put_nowait, event)
-
-    job = Job(generation, deliver)
-    try:
-        state.worker.submit(job)
-    except QueueFull:
-        raise APIError(503, "server busy", None, "server_busy",
-                       {"Retry-After": str(getattr(state, "retry_after_s", 1))}) from None
-    except ShuttingDown:
-        raise APIError(503, "server is shutting down", None, "shutting_down") from None
-    watcher = asyncio.ensure_future(watch_disconnect(http_request, job))
-    getter = asyncio.ensure_future(events.get())
-    try:
-        await asyncio.wait({watcher, getter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not getter.done():
-        getter.cancel()
-        raise APIError(499, "client closed the request")
-    first: Event = getter.result()
-    if first.kind == "error":
-        raise as_api_error(first.value)
-    return job, events
 
 
 def _text_of(event: Event) -> str:
@@ -197,7 +164,7 @@ async def serve(state: Any, http_request: Any, body: Any, generation: Generation
     texts = None
     if generation.sampling.logprobs is not None:  # the first use builds the vocabulary view (~1 s)
         texts = await asyncio.to_thread(TokenTexts, state.tokenizer)
-    job, events = await submit(state, generation, http_request)
+    job, events = await submit(state.worker, generation, http_request, state.retry_after_s)
     meta = {"id": generation.request_id, "created": int(time.time()), "model": state.model_id,
             "n": max(1, generation.n), "request_id": request_id_of(http_request.scope)}
     if body.stream:

@@ -6,8 +6,10 @@ Tiers (:data:`TIERS`): ``live`` (the engine's state, on the device), ``device`` 
 memory), ``disk`` (session files). Read from the engine worker's objects without a lock: the
 worker may change them meanwhile, so a read that races a change is retried (a snapshot is a
 few list copies, no per-token work). Bytes: engine state + checkpoints (live), entry payload
-(ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: None). ``session_key``: the client's
-session key of the conversation (live and RAM; files do not keep it: None).
+(ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: None).
+``session_key``: the client's session key of the conversation (files keep it too); ``hits``:
+how many requests reused its held state (live and pool; files do not keep it: None, and a
+conversation read back from a file counts from 0).
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ TIERS = ("live", "device", "ram", "disk")
 
 
 def _conversation(tier: str, key: Any, tokens: int, nbytes: int, checkpoints: list[int],
-                  last_used: float | None, session_key: str | None = None) -> dict:
+                  last_used: float | None, session_key: str | None = None,
+                  hits: int | None = None) -> dict:
     return {"id": str(key), "tier": tier, "session_key": session_key, "tokens": int(tokens),
             "bytes": int(nbytes), "checkpoints": [int(p) for p in checkpoints],
-            "last_used": last_used}
+            "last_used": last_used, "hits": hits}
 
 
 def _read(generator: Any) -> list[dict]:
@@ -33,17 +36,19 @@ def _read(generator: Any) -> list[dict]:
         live_bytes = int(engine.state_nbytes()) + sum(
             int(getattr(c, "nbytes", 0)) for c in generator.checkpoints.items())
         out.append(_conversation("live", "live", held, live_bytes, positions, None,
-                                 getattr(generator, "session_key", None)))
+                                 getattr(generator, "session_key", None),
+                                 getattr(generator, "hits", None)))
     parking = getattr(generator, "parking", None)
     pool = getattr(parking, "pool", None)
     for entry in (pool.entries() if pool is not None else []):
         out.append(_conversation(entry.tier, entry.key, len(entry.held_ids), entry.nbytes,
-                                 entry.checkpoint_positions, entry.last_used,
-                                 getattr(entry, "session", None)))
+                                 entry.checkpoint_positions, entry.last_used, entry.session,
+                                 entry.hits))
     sessions = getattr(parking, "sessions", None)
     for entry in (sessions.entries() if sessions is not None else []):
         out.append(_conversation("disk", entry.key, len(entry.held_ids), entry.nbytes,
-                                 entry.checkpoint_positions, entry.last_used))
+                                 entry.checkpoint_positions, entry.last_used,
+                                 getattr(entry, "session", None)))
     return out
 
 
@@ -59,14 +64,15 @@ def conversations(generator: Any, attempts: int = 5) -> list[dict]:
 
 
 def budgets(generator: Any) -> dict[str, int | None]:
-    """Byte budget per tier (None: unbounded or tier absent): ``device`` ``--park-device-mib``,
-    ``ram`` ``--park-mib``, ``disk`` ``--session-max-gb``, ``live`` the checkpoint budget only (the engine's state is
-    preallocated)."""
+    """Byte budget per tier (None: unbounded or tier absent): ``device``
+    ``--park-device-mib`` (None for an engine without device memory), ``ram`` ``--park-mib``,
+    ``disk`` ``--session-max-gb``; ``live`` None (the engine's state is preallocated)."""
     parking = getattr(generator, "parking", None)
     pool = getattr(parking, "pool", None)
     sessions = getattr(parking, "sessions", None)
+    on_device = pool is not None and getattr(generator.engine, "device_resident", False)
     return {"live": None,
-            "device": pool.device_budget_bytes if pool is not None else None,
+            "device": pool.device_budget_bytes if on_device else None,
             "ram": pool.budget_bytes if pool is not None else None,
             "disk": sessions.max_bytes if sessions is not None else None}
 

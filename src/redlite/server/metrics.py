@@ -13,11 +13,19 @@ apps). Counted once per request, when the access middleware ends it (no per-toke
   (:class:`redlite.core.reuse.ReusePlan`), first choices only.
 
 Read at scrape time from the worker's objects (:mod:`redlite.server.inventory`):
-``redlite_conversations{tier}``, ``redlite_conversation_tokens{tier}``,
+``redlite_conversations{tier}`` (tier ``live``, ``device``, ``ram``, ``disk``: see
+:mod:`redlite.server.inventory`), ``redlite_conversation_tokens{tier}``,
 ``redlite_conversation_bytes{tier}``, ``redlite_tier_budget_bytes{tier}``,
-``redlite_restores_total{tier}`` and ``redlite_restore_seconds_total{tier}`` (from
-:class:`redlite.core.conversations.Conversations`), ``redlite_queue_depth``,
-``redlite_running_sequences``, ``redlite_session_file_refusals_total``.
+``redlite_queue_depth``, ``redlite_running_sequences``, ``redlite_session_file_refusals_total``.
+
+Observed as conversations move (``Conversations.on_timing``, on the worker thread), histograms
+per tier (``_count`` is the number of moves):
+
+- ``redlite_restore_seconds{tier=device|ram|disk}``: a parked conversation brought back into
+  the engine (fetch + install), by where it was parked;
+- ``redlite_park_seconds{tier=device|ram|disk}``: a conversation parked in device or host
+  memory (copy + admission), or written to a session file (``disk``; a file found identical
+  counts too).
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ from redlite.server import inventory
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+MOVE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0, 10.0, 30.0)
+PARK_TIERS = ("device", "ram", "disk")
 
 
 def route_of(scope: dict) -> str:
@@ -68,18 +79,6 @@ class _StateCollector:
                 budget.add_metric([tier], value)
         yield budget
         parking = getattr(generator, "parking", None)
-        restores = CounterMetricFamily("redlite_restores", "Conversations restored per tier",
-                                       labels=["tier"])
-        seconds = CounterMetricFamily("redlite_restore_seconds",
-                                      "Time spent restoring conversations per tier",
-                                      labels=["tier"])
-        counts = dict(getattr(parking, "restores", {}) or {})
-        spent = dict(getattr(parking, "restore_seconds", {}) or {})
-        for tier in inventory.TIERS[1:]:
-            restores.add_metric([tier], counts.get(tier, 0))
-            seconds.add_metric([tier], spent.get(tier, 0.0))
-        yield restores
-        yield seconds
         yield GaugeMetricFamily("redlite_queue_depth", "Requests waiting behind the running one",
                                 value=worker.queue_depth)
         yield GaugeMetricFamily("redlite_running_sequences", "Sequences being generated",
@@ -97,10 +96,11 @@ class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, state: Any, recent: int = 50) -> None:
-        # for the dashboard: the last requests that generated, and first choices per outcome
-        # (``extend``, or the miss reason)
+        # for the dashboard: the last requests that generated, first choices per outcome
+        # (``extend``, or the miss reason), and reuse totals (requests, tokens)
         self.recent: deque = deque(maxlen=recent)
         self.outcomes: Tally = Tally()
+        self.reuse: Tally = Tally(requests=0, reused_requests=0, prompt_tokens=0, reused_tokens=0)
         self.registry = registry = CollectorRegistry()
         self.requests = Counter("redlite_requests", "HTTP requests by route and status",
                                 ["route", "method", "status"], registry=registry)
@@ -111,9 +111,29 @@ class ServerMetrics:
                               buckets=TPOT_BUCKETS, registry=registry)
         self.misses = Counter("redlite_cache_misses", "Reuse plans that were not an extension",
                               ["action", "reason"], registry=registry)
+        self.restore = Histogram("redlite_restore_seconds", "Parked conversations restored, "
+                                 "by the tier they were parked in", ["tier"],
+                                 buckets=MOVE_BUCKETS, registry=registry)
+        self.park = Histogram("redlite_park_seconds", "Conversations parked, by the tier they "
+                              "went to (disk: a session file)", ["tier"], buckets=MOVE_BUCKETS,
+                              registry=registry)
         for kind in ("prompt", "reused", "prefilled", "generated"):
             self.tokens.labels(kind)
+        for tier in PARK_TIERS:
+            self.restore.labels(tier)
+            self.park.labels(tier)
         registry.register(_StateCollector(state))
+        self.attach(getattr(state.worker.generator, "parking", None))
+
+    def attach(self, parking: Any) -> None:
+        """Observe the conversation moves of ``parking`` (a
+        :class:`~redlite.core.conversations.Conversations`; None: nothing to observe)."""
+        if parking is not None:
+            parking.on_timing = self.moved
+
+    def moved(self, kind: str, tier: str, seconds: float) -> None:
+        """``Conversations.on_timing``: kind ``restore``, ``park`` or ``save`` (a park to disk)."""
+        (self.restore if kind == "restore" else self.park).labels(tier).observe(seconds)
 
     def observe(self, scope: dict, status: int | None, results: list) -> None:
         """Count one finished request and its generations' results
@@ -134,6 +154,9 @@ class ServerMetrics:
             if reason is not None:
                 self.misses.labels(plan.action.value, reason).inc()
             self.outcomes[reason or "extend"] += 1
+            self.reuse.update(requests=1, reused_requests=int(result.cached_tokens > 0),
+                              prompt_tokens=result.prompt_tokens,
+                              reused_tokens=result.cached_tokens)
             self.recent.append({"route": route_of(scope), "status": status,
                                 "prompt": result.prompt_tokens, "reused": result.cached_tokens,
                                 "prefilled": result.prompt_tokens - result.cached_tokens,

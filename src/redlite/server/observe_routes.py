@@ -1,12 +1,14 @@
 """Routes for operators (issue 21): ``GET /metrics`` (Prometheus text, only with metrics on),
 ``GET /v1/conversations``, ``GET /slots`` (llama.cpp's shape, for the live conversation),
 ``GET /dashboard`` (a static page from the package) and ``GET /dashboard/data`` (its recent
-requests and outcomes; needs metrics on, else empty lists).
+requests, outcomes and reuse totals ``{requests, reused_requests, prompt_tokens,
+reused_tokens}`` over first choices; needs metrics on, else empty).
 
 ``/v1/conversations``::
 
     {"object": "list", "data": [{"id", "tier": "live"|"device"|"ram"|"disk", "session_key",
-     "tokens", "bytes", "checkpoints": [position, ...], "last_used": epoch s | null}, ...],
+     "tokens", "bytes", "checkpoints": [position, ...], "last_used": epoch s | null,
+     "hits": int | null}, ...],
      "tiers": {tier: {"conversations", "tokens", "bytes", "budget_bytes": int | null}}}
 
 Every route sits behind the security middleware (``--api-key``) like the others.
@@ -36,13 +38,15 @@ def conversations_body(state: Any) -> dict:
 
 
 def slots_body(state: Any) -> list[dict]:
-    """llama.cpp's ``GET /slots``: one slot (id 0), the live conversation."""
+    """llama.cpp's ``GET /slots``: one slot (id 0), the live conversation (``hits``: requests
+    that reused its state, redlite's addition)."""
     worker = state.worker
     live = [c for c in inventory.conversations(worker.generator) if c["tier"] == "live"]
     return [{"id": 0, "id_task": -1, "n_ctx": state.max_context,
              "is_processing": bool(worker.busy),
              "n_past": live[0]["tokens"] if live else 0,
-             "checkpoints": live[0]["checkpoints"] if live else []}]
+             "checkpoints": live[0]["checkpoints"] if live else [],
+             "hits": live[0]["hits"] if live else 0}]
 
 
 def _page() -> str:
@@ -75,5 +79,6 @@ def mount_observe_routes(app: FastAPI, state: Any, metrics: Any) -> None:
     @app.get("/dashboard/data")
     async def dashboard_data() -> dict:
         if metrics is None:
-            return {"recent": [], "outcomes": {}}
-        return {"recent": list(metrics.recent), "outcomes": dict(metrics.outcomes)}
+            return {"recent": [], "outcomes": {}, "reuse": {}}
+        return {"recent": list(metrics.recent), "outcomes": dict(metrics.outcomes),
+                "reuse": dict(metrics.reuse)}

@@ -12,6 +12,7 @@ started is a ``response.failed`` event.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, AsyncIterator
@@ -105,7 +106,7 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
                                "(unknown, not stored, or evicted)", "previous_response_id",
                                "previous_response_not_found")
             history = stored.messages
-        chat = to_chat_request(body, history)
+        chat = await asyncio.to_thread(to_chat_request, body, history)
         chat.session_key = session_key_of(
             request.headers, body_session_value("openai", {"prompt_cache_key": body.prompt_cache_key}))
         context = context_of(request.scope)
@@ -119,11 +120,7 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
                                                     context.request_id),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        try:
-            async for _ in run:
-                pass
-        finally:
-            run.close()
+        await run.finish()
         response = response_object(meta, final_status(run.output),
                                    output_items(run.output, encrypted), run.usage)
         keep(body, chat, run.output, response)

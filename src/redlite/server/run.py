@@ -8,6 +8,7 @@ exit status 0, never an abort).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import socket
 import threading
@@ -159,6 +160,16 @@ class _Server(uvicorn.Server):
                      self.config.host, self.config.port, self._cold_start())
 
 
+def freeze_startup_objects() -> int:
+    """Move every object alive now (the model, the tokenizer, imported modules: ~350k objects
+    with the bundled model) out of the cyclic garbage collector's reach (:func:`gc.freeze`).
+    Otherwise the full collection that a few large requests trigger walks them all, ~0.5 s
+    holding the GIL, stalling every other request. Returns the objects frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def bind_listener(host: str, port: int) -> socket.socket:
     """A bound TCP socket for ``host:port`` (IPv6 when the host has a colon); raises OSError
     when the address is in use or invalid."""
@@ -219,6 +230,8 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
     stopper.on_first += [lambda: worker.shutdown(wait_s=0.0), server.stop]
     stopper.on_second.append(server.force)
     if not stopper.requested.is_set():
+        log.info("%d startup objects frozen out of the garbage collector's scans",
+                 freeze_startup_objects())
         serving.set()
         server.run(sockets=[listener])
     # from here a second signal ends the process at once (after a file being written)

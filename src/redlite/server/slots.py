@@ -35,8 +35,9 @@ from redlite.core.generation import EngineTask, Generator
 from redlite.core.session_file import (Expected, SessionFileError, read_state_file,
                                        write_state_file)
 from redlite.core.sessions import SESSION_NAME, entry_from_file, entry_to_file
-from redlite.core.worker import EngineWorker, Job, QueueFull, ShuttingDown
+from redlite.core.worker import EngineWorker, Job, ShuttingDown
 from redlite.server.errors import APIError
+from redlite.server.jobs import RETRY_AFTER_S, queue
 from redlite.server.security import require_json
 
 log = logging.getLogger("redlite.slots")
@@ -140,7 +141,8 @@ class SlotService:
 
     # --- from the HTTP side ------------------------------------------------------------------
 
-    async def run(self, action: Callable[[Generator], dict], name: str) -> dict:
+    async def run(self, action: Callable[[Generator], dict], name: str,
+                  retry_after_s: int = RETRY_AFTER_S) -> dict:
         """Queue ``action`` on the engine worker and wait for it. Raises APIError."""
         failures: list[BaseException] = []
 
@@ -150,12 +152,7 @@ class SlotService:
 
         task = EngineTask(prompt_ids=[], action=action, request_id=f"slot-{name}")
         job = Job(task, deliver)
-        try:
-            self.worker.submit(job)
-        except QueueFull:
-            raise APIError(503, "server busy", None, "server_busy") from None
-        except ShuttingDown:
-            raise APIError(503, "server is shutting down", None, "shutting_down") from None
+        queue(self.worker, job, retry_after_s)
         await asyncio.to_thread(job.finished.wait)
         error = task.error or (failures[0] if failures else None)
         if isinstance(error, SlotError):
@@ -193,6 +190,6 @@ def mount_slot_routes(app: FastAPI, state: Any) -> None:
         except SlotError as error:
             raise APIError(error.status, str(error), "filename") from None
         if action == "erase":
-            return await service.run(service.erase, action)
+            return await service.run(service.erase, action, state.retry_after_s)
         method = service.save if action == "save" else service.restore
-        return await service.run(lambda gen: method(gen, path), action)
+        return await service.run(lambda gen: method(gen, path), action, state.retry_after_s)

@@ -1,0 +1,73 @@
+"""Engine jobs from the HTTP side: the one place that queues a job on the engine worker (503
+``server busy`` with ``Retry-After`` when the queue is full, 503 ``server is shutting down``),
+waits for a generation to start, and cancels it when the client leaves."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redlite.core.generation import GenerationRequest
+from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
+from redlite.server.access import note_event
+from redlite.server.errors import APIError, as_api_error
+
+RETRY_AFTER_S = 1  # the Retry-After of a 503 "server busy" (seconds)
+
+
+def queue(worker: Any, job: Job, retry_after_s: int = RETRY_AFTER_S) -> None:
+    """Put ``job`` on the worker's queue. Raises APIError 503 (busy: queue full; shutting down)."""
+    try:
+        worker.submit(job)
+    except QueueFull:
+        raise APIError(503, "server busy", None, "server_busy",
+                       {"Retry-After": str(retry_after_s)}) from None
+    except ShuttingDown:
+        raise APIError(503, "server is shutting down", None, "shutting_down") from None
+
+
+async def submit(worker: Any, generation: GenerationRequest, http_request: Any = None,
+                 retry_after_s: int = RETRY_AFTER_S) -> tuple[Job, asyncio.Queue]:
+    """Queue ``generation`` and wait until it starts (its ``started`` event). Returns the job
+    and the queue of its later events. Each finished choice is noted
+    for the access log and the metrics (:func:`redlite.server.access.note_event`).
+    Raises APIError: 503 (see :func:`queue`), 499 when ``http_request``'s client left while
+    the job waited, the job's own error."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Event] = asyncio.Queue()
+    scope = getattr(http_request, "scope", None)
+
+    def deliver(event: Event) -> None:
+        note_event(scope, event)
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    job = Job(generation, deliver)
+    queue(worker, job, retry_after_s)
+    getter = asyncio.ensure_future(events.get())
+    waiters = {getter}
+    watcher = None
+    if http_request is not None:
+        watcher = asyncio.ensure_future(watch_disconnect(http_request, job))
+        waiters.add(watcher)
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    if not getter.done():
+        getter.cancel()
+        raise APIError(499, "client closed the request")
+    first: Event = getter.result()
+    if first.kind == "error":
+        raise as_api_error(first.value)
+    return job, events
+
+
+async def watch_disconnect(http_request: Any, stream: Any) -> None:
+    """Cancel ``stream`` (anything with ``cancel()``) when the client closes its connection
+    (the body is already read)."""
+    while True:
+        message = await http_request.receive()
+        if message["type"] == "http.disconnect":
+            stream.cancel()
+            return
