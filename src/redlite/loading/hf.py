@@ -101,7 +101,15 @@ def load_hf_model(path: str | Path, device: torch.device | str | None = None,
     with torch.inference_mode():
         model.load_hf_weights(tensors)
     if gguf_table.exists():
-        log.info("GGUF tensors %s; weights: %s", _counts(tensors.type_counts()), _counts(weight_formats(model)))
+        from redlite.kernels import native
+        from redlite.layers.quant_weight import KERNEL_FORMATS
+
+        types = tensors.type_counts()
+        kept = keep_quantized and device.type == "cpu" and native.library() is not None
+        dequantized = {t: n for t, n in types.items()
+                       if t not in ("F32", "F16", "BF16") and not (kept and t in KERNEL_FORMATS)}
+        log.info("GGUF tensors %s; weights: %s; dequantized at load (no quantized kernel here): %s",
+                 _counts(types), _counts(weight_formats(model)), _counts(dequantized) or "none")
     return model.eval(), config
 
 
