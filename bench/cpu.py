@@ -7,7 +7,8 @@ For each model, one after the other in fresh processes:
 
 * llama.cpp's ``llama-bench -p PROMPTS -n GEN -t THREADS -r REPS -o json``: prefill and decode
   tokens/s, its peak resident memory (``wait4``);
-* redlite's engine (``--child``): resident memory after load, prefill tokens/s of each prompt
+* redlite's engine (``--child``; ``--activations q8``: the decode products on 8-bit activations,
+  as llama.cpp computes them, instead of the default float32 ones): resident memory after load, prefill tokens/s of each prompt
   length (random token ids, empty state), decode tokens/s over GEN greedy steps after a
   16-token prompt (mean of REPS), peak resident memory;
 * cold start, twice each (the second start uses what the first cached): ``redlite serve`` and
@@ -74,7 +75,8 @@ def llama_bench(bench: Path, model: Path, threads: int, prompts: list[int], gen:
     return result
 
 
-def child(model: str, ctx: int, threads: int, prompts: list[int], gen: int, reps: int) -> None:
+def child(model: str, ctx: int, threads: int, prompts: list[int], gen: int, reps: int,
+          activations: str = "float32") -> None:
     """The redlite measurement, in its own process; prints one JSON line."""
     import random
 
@@ -87,6 +89,10 @@ def child(model: str, ctx: int, threads: int, prompts: list[int], gen: int, reps
     engine, _ = load_engine(model, ctx_size=ctx, device="cpu")
     load_s = time.perf_counter() - started
     rss_after_load = _rss()
+    if activations != "float32":  # the decode step on llama.cpp's 8-bit activations instead
+        from redlite.layers.cpu_decode import FusedDecode
+
+        engine.model._fused_decode = FusedDecode.build(engine.model, activations=activations)
     rng = random.Random(0)
     prefill = {}
     for n in prompts:
@@ -116,11 +122,12 @@ def _rss() -> int:
         return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
 
 
-def redlite(model: Path, ctx: int, threads: int, prompts: list[int], gen: int, reps: int) -> dict:
+def redlite(model: Path, ctx: int, threads: int, prompts: list[int], gen: int, reps: int,
+            activations: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out, peak = run_measured([sys.executable, __file__, "--child", str(model), "--ctx", str(ctx),
                               "--threads", str(threads), "--prompts", ",".join(map(str, prompts)),
-                              "--gen", str(gen), "--reps", str(reps)], env=env)
+                              "--gen", str(gen), "--reps", str(reps), "--activations", activations], env=env)
     return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_bytes": peak}
 
 
@@ -201,7 +208,7 @@ def measure(name: str, args, bench: Path, server: Path | None) -> dict:
     ctx = max(prompts) + args.gen + 64
     ours_start = [redlite_start(path, ctx) for _ in range(2)]
     theirs_start = [llama_server_start(server, path, ctx, args.threads) for _ in range(2)] if server else None
-    ours = redlite(path, ctx, args.threads, prompts, args.gen, args.reps)
+    ours = redlite(path, ctx, args.threads, prompts, args.gen, args.reps, args.activations)
     theirs = llama_bench(bench, path, args.threads, prompts, args.gen, args.reps)
     gguf_bytes = path.stat().st_size
     top = str(max(prompts))
@@ -226,6 +233,9 @@ def main() -> None:
     parser.add_argument("--gen", type=int, default=64)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--ctx", type=int, default=2048, help=argparse.SUPPRESS)
+    parser.add_argument("--activations", default="float32", choices=["float32", "q8"],
+                        help="decode products on float32 activations (redlite's default: the float32 "
+                             "reference's text) or on 8-bit ones, as llama.cpp computes them")
     parser.add_argument("--llama-bin", help="folder holding llama-bench and llama-server")
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--report", type=Path, help="only re-render the markdown of a saved JSON result")
@@ -236,7 +246,7 @@ def main() -> None:
         return None
     if args.child:
         return child(args.child, args.ctx, args.threads, [int(p) for p in args.prompts.split(",")], args.gen,
-                     args.reps)
+                     args.reps, args.activations)
 
     sys.path.insert(0, str(ROOT / "src"))
     bench = llama_binary("llama-bench", args.llama_bin)
@@ -250,7 +260,9 @@ def main() -> None:
            "load_average_start": load_average(), "models": {}}
     for name in args.models.split(","):
         key = name if args.threads == 2 else f"{name}, {args.threads} threads"
-        run["models"][key] = {**measure(name, args, bench, server), "threads": args.threads}
+        key += "" if args.activations == "float32" else f", {args.activations} activations"
+        run["models"][key] = {**measure(name, args, bench, server), "threads": args.threads,
+                              "activations": args.activations}
         print(json.dumps(run["models"][key], indent=1), flush=True)
     run["load_average_end"] = load_average()
     if args.save:
@@ -279,7 +291,8 @@ def markdown(run: dict) -> str:
     for name, e in run["models"].items():
         ours, theirs = e["redlite"], e["llama_cpp"]
         lines += [f"## {name} ({e['gguf_bytes'] / mb:.0f} MB GGUF)", "",
-                  f"{e.get('threads', run['threads'])} threads each, {e['decode_tokens']} decode tokens, mean of {e['reps']} runs; load average {e['load_average']} "
+                  f"{e.get('threads', run['threads'])} threads each, redlite decode on "
+                  f"{e.get('activations', 'float32')} activations, {e['decode_tokens']} decode tokens, mean of {e['reps']} runs; load average {e['load_average']} "
                   "when done.", "", "| figure | redlite | llama.cpp | ratio |", "|---|---|---|---|",
                   f"| decode tokens/s | {ours['decode_tps']:.1f} | {theirs['decode_tps']:.1f} | "
                   f"{e['decode_ratio_vs_llama_cpp']:.2f}x |"]

@@ -36,7 +36,7 @@ def _q8_0(weight: torch.Tensor) -> QuantTensor:
     return QuantTensor("Q8_0", tuple(weight.shape), data.reshape(weight.shape[0], -1))
 
 
-def _decode_both(model: LlamaModel, fused: FusedDecode, steps: int = 12) -> float:
+def _decode_both(model: LlamaModel, fused: FusedDecode, steps: int = 12, cache_tol: float = 1e-5) -> float:
     prompt = torch.tensor([3, 17, 42, 5, 88, 1, 60])
     worst = 0.0
     with torch.inference_mode():
@@ -54,7 +54,8 @@ def _decode_both(model: LlamaModel, fused: FusedDecode, steps: int = 12) -> floa
             token = int(want.argmax())
         assert a.n_past == b.n_past
         n = a.n_past
-        torch.testing.assert_close(a.cache.data[:, :, :, :n], b.cache.data[:, :, :, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a.cache.data[:, :, :, :n], b.cache.data[:, :, :, :n], rtol=cache_tol,
+                                   atol=cache_tol)
     return worst
 
 
@@ -80,3 +81,14 @@ def test_fused_step_with_quantized_matrices() -> None:
     fused = FusedDecode.build(model)
     assert fused is not None
     assert _decode_both(model, fused) < 1e-4
+
+
+def test_q8_activations_stay_close() -> None:
+    """The 8-bit-activation step (llama.cpp's arithmetic, for measurements) is near, not equal."""
+    model = _model(model_type="llama")
+    for layer in model.layers:
+        weight = layer.mlp.gate_up_weight.detach().clone()
+        delattr(layer.mlp, "gate_up_weight")
+        layer.mlp.gate_up_weight = QuantWeight([_q8_0(weight)])
+    worst = _decode_both(model, FusedDecode.build(model, activations="q8"), steps=4, cache_tol=0.2)
+    assert 1e-6 < worst < 0.5

@@ -19,6 +19,7 @@ typedef struct {
 typedef struct {
     int32_t n_layers, hidden, inter, n_heads, n_kv, head_dim, rot_dim, vocab;
     float eps, qk_eps;
+    int32_t q8, pad;          /* q8: 8-bit activations for quantized products (qmatmul_q8x) */
     const layer_t *layers;
     const float *final_norm;
     mat_t lm_head;
@@ -33,8 +34,12 @@ static void rms_norm(const float *x, const float *w, int n, float eps, float *y)
     for (int i = 0; i < n; i++) y[i] = x[i] * r * w[i];
 }
 
-static void product(const mat_t *m, const float *x, int n, float *y) {
-    qmatvec(m->parts, m->n_parts, x, 1, n, y, m->rows, 0);
+void qmatmul_q8x(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo);
+
+static void product(const mat_t *m, const float *x, int n, float *y, int q8) {
+    for (int p = 0; p < m->n_parts && q8; p++) q8 = m->parts[p].fmt != F32;
+    if (q8) qmatmul_q8x(m->parts, m->n_parts, x, 1, n, y, m->rows);
+    else qmatvec(m->parts, m->n_parts, x, 1, n, y, m->rows, 0);
     if (m->bias)
         for (int i = 0; i < m->rows; i++) y[i] += m->bias[i];
 }
@@ -115,17 +120,17 @@ void decode_step(const model_t *m, int64_t token, int64_t pos, float *kv, int64_
     for (int i = 0; i < m->n_layers; i++) {
         const layer_t *l = m->layers + i;
         rms_norm(x, l->attn_norm, hid, m->eps, xn);
-        product(&l->qkv, xn, hid, qkv);
+        product(&l->qkv, xn, hid, qkv, m->q8);
         attention(m, l, qkv, pos, kv + i * layer_floats, max_tokens, ao, scores);
-        product(&l->o, ao, att, tmp);
+        product(&l->o, ao, att, tmp, m->q8);
         for (int j = 0; j < hid; j++) x[j] += tmp[j];
         rms_norm(x, l->ffn_norm, hid, m->eps, xn);
-        product(&l->gate_up, xn, hid, gu);
+        product(&l->gate_up, xn, hid, gu, m->q8);
         for (int j = 0; j < m->inter; j++) { float a = gu[j]; act[j] = a / (1.f + expf(-a)) * gu[m->inter + j]; }
-        product(&l->down, act, m->inter, tmp);
+        product(&l->down, act, m->inter, tmp, m->q8);
         for (int j = 0; j < hid; j++) x[j] += tmp[j];
     }
     rms_norm(x, m->final_norm, hid, m->eps, xn);
-    product(&m->lm_head, xn, hid, logits);
+    product(&m->lm_head, xn, hid, logits, m->q8);
     free(x);
 }

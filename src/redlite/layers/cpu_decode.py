@@ -37,7 +37,8 @@ class _Model(ctypes.Structure):
     _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("inter", ctypes.c_int32),
                 ("n_heads", ctypes.c_int32), ("n_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32),
                 ("rot_dim", ctypes.c_int32), ("vocab", ctypes.c_int32), ("eps", ctypes.c_float),
-                ("qk_eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
+                ("qk_eps", ctypes.c_float), ("q8", ctypes.c_int32), ("pad", ctypes.c_int32),
+                ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
                 ("lm_head", _Mat), ("embed", ctypes.POINTER(native.Part)), ("cos", ctypes.c_void_p),
                 ("sin", ctypes.c_void_p)]
 
@@ -46,7 +47,7 @@ class FusedDecode:
     """One decode token of a :class:`~redlite.models.llama.LlamaModel` in one C call; build
     with :meth:`build`. Holds pointers into the model's weights (kept alive here)."""
 
-    def __init__(self, model, lib: ctypes.CDLL):
+    def __init__(self, model, lib: ctypes.CDLL, activations: str = "float32"):
         self.lib, self.model = lib, model
         self._keep: list = []  # ctypes arrays and tensors the C structs point into
         spec = model.spec
@@ -60,13 +61,17 @@ class FusedDecode:
         self._keep.append(layers)
         self.struct = _Model(spec.n_layers, spec.hidden, spec.inter, spec.n_heads, spec.n_kv_heads, spec.head_dim,
                              model.rotary.rotary_dim, spec.vocab, spec.eps, model.layers[0].attn.norm_eps,
-                             layers, self._ptr(model.norm.weight), self._mat(model.lm_head_weight, None),
+                             int(activations == "q8"), 0, layers, self._ptr(model.norm.weight), self._mat(model.lm_head_weight, None),
                              ctypes.cast(self._parts(model.embed_weight), ctypes.POINTER(native.Part)),
                              None, None)
 
     @classmethod
-    def build(cls, model, require_quantized: bool = True) -> "FusedDecode | None":
-        """The fused step of ``model``, or None when it does not apply (see the module docstring)."""
+    def build(cls, model, require_quantized: bool = True, activations: str = "float32") -> "FusedDecode | None":
+        """The fused step of ``model``, or None when it does not apply (see the module docstring).
+        ``activations="q8"``: quantized products on 8-bit activations, as llama.cpp computes them
+        (faster, not the float32 reference's text; for measurements, see bench/cpu.py)."""
+        if activations not in ("float32", "q8"):
+            raise ValueError(f"activations must be 'float32' or 'q8', got {activations!r}")
         spec = model.spec
         matrices = [model.embed_weight, model.lm_head_weight]
         for layer in model.layers:
@@ -80,8 +85,8 @@ class FusedDecode:
         lib = native.library()
         if lib is None:
             return None
-        step = cls(model, lib)
-        log.info("decode: one fused C step per token (%d layers)", spec.n_layers)
+        step = cls(model, lib, activations)
+        log.info("decode: one fused C step per token (%d layers, %s activations)", spec.n_layers, activations)
         return step
 
     def __call__(self, token: int, state) -> torch.Tensor:
