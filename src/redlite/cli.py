@@ -40,6 +40,17 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
     """The options of one redlite server (``serve``; each replica of ``serve-cluster``)."""
     parser.add_argument("--model", help="GGUF file or Hugging Face directory (default: the bundled SmolLM2-135M-Instruct)")
@@ -48,7 +59,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
                             "last user message (tokens are UTF-8 bytes)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8080, help="port to listen on")
-    parser.add_argument("--ctx-size", type=int, default=None,
+    parser.add_argument("--ctx-size", type=positive_int, default=None,
                        help="context length in tokens (default: the model's, capped at 8192 on CPU)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
@@ -58,7 +69,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
                        help="time allowed for a whole request body, seconds (408 after it)")
     parser.add_argument("--header-timeout-s", type=float, default=10.0, help="time-out for a request's headers")
     parser.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one")
-    parser.add_argument("--prefill-chunk", type=int, default=512,
+    parser.add_argument("--prefill-chunk", type=positive_int, default=512,
                        help="most prompt tokens per prefill step; a request that is cancelled "
                             "(client gone, shutdown) stops between steps")
     parser.add_argument("--max-tokens", type=int, default=4096,

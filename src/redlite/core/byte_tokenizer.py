@@ -31,7 +31,7 @@ SPECIAL_TOKENS = {"<|system|>": 256, "<|user|>": 257, "<|assistant|>": 258, "<|e
 ROLE_TOKENS = {"system": 256, "user": 257, "assistant": 258, "tool": 260}
 USER, ASSISTANT, END, TOOL = 257, 258, 259, 260
 VOCAB_SIZE = 261
-CHAT_TEMPLATE_SOURCE = "byte template: <tool_call> hermes calls, <think> reasoning"
+CHAT_TEMPLATE_SOURCE = "byte template: renders tools, <tool_call> hermes calls, <think> reasoning"
 """What format detection reads for this tokenizer (see redlite.core.chat_render.detect_formats)."""
 _SPECIAL_PATTERN = re.compile("|".join(re.escape(s) for s in SPECIAL_TOKENS))
 

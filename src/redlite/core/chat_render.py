@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from redlite.core.chat import ChatRequest
@@ -118,6 +119,12 @@ def detect_formats(template: str | None) -> tuple[str, str | None]:
         tool = "hermes"
     reasoning = "qwen3" if "<think>" in source or "</think>" in source else None
     return tool, reasoning
+
+
+def template_renders_tools(template: str | None) -> bool:
+    """Whether a chat template's source reads the ``tools`` variable; a template that does not
+    (SmolLM2's) leaves tool definitions out of the prompt. True when the source is unknown."""
+    return template is None or re.search(r"\btools\b", template) is not None
 
 
 def tool_schemas(tools: list[dict]) -> dict[str, dict]:

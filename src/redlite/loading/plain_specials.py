@@ -56,8 +56,9 @@ class PlainSpecials:
 
     def protect(self, messages: list, kwargs: dict) -> Protected:
         """Copies of ``messages`` and ``kwargs`` with every special-token string in their
-        string values replaced by its sentinel (dict keys are left alone). Raises ValueError in
-        the (theoretical) case that the inputs use every sentinel block."""
+        strings (values and dict keys: a tool schema's property names are the client's text
+        too) replaced by its sentinel. Raises ValueError in the (theoretical) case that the
+        inputs use every sentinel block."""
         if self._pattern is None:
             return Protected(messages, kwargs, None)
         strings: list[str] = []
@@ -112,7 +113,8 @@ def _strings(value: Any, out: list[str]) -> None:
     if isinstance(value, str):
         out.append(value)
     elif isinstance(value, dict):
-        for item in value.values():
+        for key, item in value.items():
+            _strings(key, out)
             _strings(item, out)
     elif isinstance(value, (list, tuple)):
         for item in value:
@@ -123,7 +125,7 @@ def _replace(value: Any, pattern: "re.Pattern[str]", swap: Any) -> Any:
     if isinstance(value, str):
         return pattern.sub(swap, value)
     if isinstance(value, dict):
-        return {key: _replace(item, pattern, swap) for key, item in value.items()}
+        return {_replace(key, pattern, swap): _replace(item, pattern, swap) for key, item in value.items()}
     if isinstance(value, list):
         return [_replace(item, pattern, swap) for item in value]
     if isinstance(value, tuple):

@@ -83,12 +83,19 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
 
 def _first_error(error: ValidationError) -> dict:
     """The error to report: an unsupported content part first, else the deepest location
-    (the union member that got furthest, e.g. the token-id list for ``"prompt": [true]``)."""
+    (the union member that got furthest, e.g. the token-id list for ``"prompt": [true]``);
+    at equal depth, a member whose type matched (``"stop"``: five strings is "at most 4
+    items", not "a valid string"); members whose ``type`` tag differs from the item's are
+    left out (a ``function_call`` item without ``call_id`` is "call_id: Field required")."""
     errors = error.errors()
     for item in errors:
         if item["type"] == "unsupported_content":
             return item
-    return max(errors, key=lambda item: len(item.get("loc", ())))
+    wrong = {tuple(e["loc"][:-1]) for e in errors  # members whose "type" tag did not match
+             if e["type"] == "literal_error" and e["loc"] and e["loc"][-1] == "type"}
+    kept = [e for e in errors if not any(tuple(e["loc"][:len(w)]) == w for w in wrong)]
+    return max(kept or errors, key=lambda item: (len(item.get("loc", ())),
+                                                 not item["type"].endswith("_type")))
 
 
 def create_app(state: ServerState) -> FastAPI:

@@ -27,7 +27,8 @@ from typing import Any, AsyncIterator
 from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
 from redlite.core.constraints import ConstraintError, ConstraintSpec, build_constraint
 from redlite.core.grammar import check_constraint
-from redlite.core.chat_render import detect_formats, render_request, tool_schemas
+from redlite.core.chat_render import (detect_formats, render_request, template_renders_tools,
+                                      tool_schemas)
 from redlite.core.replay import REPLAY_MODES, ReplayStore
 from redlite.core.replay_record import record_turn
 from redlite.core.replay_splice import render_with_replay
@@ -214,6 +215,10 @@ class ChatService:
             parking.attach_replay(self.replay)
         log.info("chat formats: tool calls %s, reasoning %s; replay %s", self.tool_format,
                  self.reasoning_format or "none", self.options.replay)
+        if not template_renders_tools(source if isinstance(source, str) else None):
+            log.warning("the chat template does not render tools: requests' tool definitions "
+                        "are not shown to the model (tool_choice 'required' or a named "
+                        "function still forces a call)")
 
     def validate(self, request: ChatRequest) -> None:
         """400 for a tool_choice that cannot be honoured."""

@@ -187,7 +187,9 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
     """Run the server until SIGINT/SIGTERM; returns the process exit status (0 on a stop by a
-    signal at any phase, 1 when the address cannot be bound); see :mod:`redlite.server.shutdown`.
+    signal at any phase, 1 when the address cannot be bound, the API keys or the session
+    directory cannot be used, or the model is missing or unsupported: one error line); see
+    :mod:`redlite.server.shutdown`.
     stopper: the process's signal handling, installed early by the CLI (None: installed here)."""
     from redlite.cli import process_age_s
 
@@ -217,7 +219,12 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
     if stopper.requested.is_set():
         return 0
     log.info("loading engine %s", args.engine)
-    built = build_server(args, security)
+    try:
+        built = build_server(args, security)
+    except (FileNotFoundError, ValueError) as error:  # a missing or unsupported --model
+        log.debug("model load failed", exc_info=True)
+        log.error("cannot load the model: %s", error)
+        return 1
     worker, parking = built.worker, built.parking
     if stopper.requested.is_set():
         worker.shutdown(wait_s=0.0)

@@ -1,0 +1,31 @@
+"""A field that takes a string or a list names the list's own rule when a list was sent, and
+an item tagged by ``type`` names its own missing field (in-process, echo engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from echo_app import echo_client
+
+USER = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("path, body, param, fragment", [
+    ("/v1/chat/completions", {"messages": USER, "stop": ["a", "b", "c", "d", "e"]}, "stop",
+     "at most 4"),
+    ("/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+    ("/v1/responses", {"input": []}, "input", "at least 1"),
+    ("/v1/chat/completions", {"messages": USER, "stop": 7}, "stop", "valid string"),
+    ("/v1/responses", {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+     "input.0.call_id", "Field required"),
+    ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "c"}]},
+     "input.0.output", "Field required"),
+])
+def test_list_member_error_is_reported(path, body, param, fragment):
+    with echo_client() as client:
+        r = client.post(path, json=body)
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["param"] == param
+        assert fragment in error["message"], error["message"]
+        assert client.get("/health").status_code == 200
