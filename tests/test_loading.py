@@ -58,10 +58,23 @@ def smol_tokenizer(converted_dir: Path) -> HFTokenizer:
     return load_tokenizer(converted_dir)
 
 
-def _load_safetensors(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every weight of a converted directory, read from its linked GGUF and dequantized."""
+    from redlite.loading.gguf_tensors import GGUFTensors
 
-    return load_file(str(directory / "model.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    tensors = GGUFTensors(directory, config, keep_quantized=False)
+    return {name: tensors[name] for name in tensors}
+
+
+def _transformers_model(directory: Path, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """transformers' model built from our config.json, holding ``weights``."""
+    config = transformers.AutoConfig.from_pretrained(str(directory))
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    model.tie_weights()
+    return model
 
 
 def _transformers_gguf_model(path: Path, template: torch.nn.Module) -> torch.nn.Module:
@@ -135,10 +148,11 @@ def test_converted_config_matches_smollm2(converted_dir: Path) -> None:
 @pytest.mark.model
 def test_converted_weights_equal_transformers_gguf_loader(converted_dir: Path, bundled_gguf: Path) -> None:
     """Our dequantized, renamed, un-permuted tensors equal transformers' own GGUF loading;
-    and the converted directory loads in transformers as a model giving the same logits."""
-    ours = _load_safetensors(converted_dir)
-    # config.json is understood by transformers.
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(converted_dir), dtype=torch.float32).eval()
+    and our config.json with them gives transformers a model with the same logits."""
+    ours = _load_weights(converted_dir)
+    assert (converted_dir / "model.gguf").resolve() == bundled_gguf.resolve()
+    assert not list(converted_dir.glob("*.safetensors"))  # no float32 copy of the weights
+    model = _transformers_model(converted_dir, ours)
     assert model.config.tie_word_embeddings
     reference_model = _transformers_gguf_model(bundled_gguf, template=model)
     reference = reference_model.state_dict()
@@ -330,14 +344,14 @@ def test_synthetic_gguf_round_trip(arch: str, tmp_path: Path) -> None:
     assert config["tie_word_embeddings"] == original.config.tie_word_embeddings
     assert not (directory / "tokenizer.json").exists()  # the file has no tokenizer
 
-    ours = _load_safetensors(directory)
+    ours = _load_weights(directory)
     expected = {k: v for k, v in original.state_dict().items()
                 if not (k == "lm_head.weight" and original.config.tie_word_embeddings)}
     assert set(ours) == set(expected)
     for name, tensor in expected.items():
         assert torch.equal(ours[name], tensor), name
 
-    rebuilt = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
+    rebuilt = _transformers_model(directory, ours)
     ids = torch.tensor([[3, 17, 42, 5, 88, 1, 60]])
     with torch.no_grad():
         torch.testing.assert_close(rebuilt(ids).logits, original(ids).logits, atol=1e-5, rtol=0)
@@ -534,7 +548,7 @@ def test_conversion_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     tensors = len(original.state_dict())  # untied: every tensor is written
     assert progress.total == progress.done == tensors + 2  # + the parse and the tokenizer
     shown = terminal.getvalue()
-    assert "\r" in shown and "weights to float32" in shown
+    assert "\r" in shown and "weights: tensor table" in shown
     assert f"{tensors + 2}/{tensors + 2}" in shown and "100%" in shown
 
 
@@ -548,7 +562,7 @@ def test_conversion_progress_lines_elsewhere(tmp_path: Path, caplog: pytest.LogC
     total = len(original.state_dict()) + 2
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("first start")]
     assert lines == ["first start: converting tiny.gguf: reading the GGUF file",
-                     f"first start: converting tiny.gguf: weights to float32 (1/{total}, {100 // total}%)",
+                     f"first start: converting tiny.gguf: weights: tensor table (1/{total}, {100 // total}%)",
                      f"first start: converting tiny.gguf: tokenizer (transformers) ({total - 1}/{total}, "
                      f"{100 * (total - 1) // total}%)"]
     caplog.clear()

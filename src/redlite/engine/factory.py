@@ -40,7 +40,9 @@ def load_engine(model: str | None, ctx_size: int | None = None, device: str | No
     engine = TorchEngine.from_pretrained(model_dir, ctx_size=ctx_size, device=device,
                                          dtype=torch_dtype, model_id=model_id)
     tokenizer = load_tokenizer(model_dir)
-    parameters = sum(p.numel() for p in engine.model.parameters())
+    quantized = {id(m): m for m in engine.model.modules() if getattr(m, "is_quantized", False)}
+    parameters = (sum(p.numel() for p in engine.model.parameters())
+                  + sum(m.shape[0] * m.shape[1] for m in quantized.values()))
     log.info("model %s: %.1fM parameters, context %d tokens, device %s, dtype %s, "
              "loaded in %.2f s (from %s)", model_id, parameters / 1e6, engine.max_context,
              device, str(torch_dtype).removeprefix("torch."), time.perf_counter() - started, source)

@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
-from redlite.layers.linear import linear_kernel
+from redlite.layers.linear import assign_weight, linear_kernel
 from redlite.layers.norm import rms_norm
 from redlite.layers.rotary import apply_rotary
 
@@ -38,6 +37,8 @@ def prefill_mask(start: int, n_new: int, window: int | None, device):
     if n_new == 1 or (start == 0 and (window is None or n_new <= window)):
         return None
     if window is None and torch.device(device).type == "cuda":
+        from torch.nn.attention.bias import causal_lower_right  # imports torch._dynamo: seconds
+
         return causal_lower_right(n_new, start + n_new)
     return causal_mask(start, n_new, window, device)
 
@@ -86,13 +87,11 @@ class Attention(nn.Module):
     def load(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
              biases: tuple | None = None, q_norm: torch.Tensor | None = None,
              k_norm: torch.Tensor | None = None) -> None:
-        """Copy Hugging Face ``q_proj``/``k_proj``/``v_proj``/``o_proj`` weights; ``biases``
-        is ``(q, k, v, o)`` with None where absent; ``q_norm``/``k_norm`` are ``[head_dim]``."""
-        nq, nk = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        self.qkv_weight[:nq].copy_(q)
-        self.qkv_weight[nq:nq + nk].copy_(k)
-        self.qkv_weight[nq + nk:].copy_(v)
-        self.o_weight.copy_(o)
+        """Load Hugging Face ``q_proj``/``k_proj``/``v_proj``/``o_proj`` weights (tensors, or
+        GGUF blocks: see :func:`~redlite.layers.linear.assign_weight`); ``biases`` is
+        ``(q, k, v, o)`` with None where absent; ``q_norm``/``k_norm`` are ``[head_dim]``."""
+        assign_weight(self, "qkv_weight", [q, k, v])
+        assign_weight(self, "o_weight", [o])
         if self.qkv_bias is not None:
             self.qkv_bias.copy_(torch.cat([b.reshape(-1) for b in biases[:3]]))
         if self.o_bias is not None:

@@ -6,6 +6,11 @@ bandwidth on some CPUs (about 2x slower than oneDNN on AMD Zen 4); oneDNN's line
 faster for every shape measured, prefill included. It is an internal op of torch, so
 :func:`linear_kernel` probes it once per dtype (present, same result as ``F.linear``) and
 falls back to ``F.linear`` otherwise. ``REDLITE_ONEDNN=0`` disables it.
+
+A weight may also be a :class:`~redlite.layers.quant_weight.QuantWeight` (GGUF blocks kept
+quantized): the functions of :func:`linear_kernel` and :func:`embedding` take either, and
+:func:`assign_weight` puts whichever suits the loaded blocks in place, so model code never
+asks which it holds.
 """
 
 from __future__ import annotations
@@ -47,9 +52,54 @@ def _onednn_works(dtype: torch.dtype) -> bool:
 
 def linear_kernel(device: torch.device | str | None, dtype: torch.dtype | None) -> LinearFn:
     """The linear function to use for weights held on ``device`` in ``dtype``:
-    ``fn(x [T, in], weight [out, in], bias [out] | None) -> [T, out]`` (2-D ``x``)."""
+    ``fn(x [T, in], weight [out, in], bias [out] | None) -> [T, out]`` (2-D ``x``); ``weight``
+    may be a dense tensor or a :class:`~redlite.layers.quant_weight.QuantWeight`."""
     device = torch.device(device if device is not None else "cpu")
     dtype = dtype or torch.get_default_dtype()
     if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and _onednn_works(dtype):
-        return _onednn_linear
-    return F.linear
+        return _with_quantized(_onednn_linear)
+    return _with_quantized(F.linear)
+
+
+@functools.lru_cache(maxsize=None)
+def _with_quantized(dense: LinearFn) -> LinearFn:
+    def linear(x, weight, bias=None):
+        if isinstance(weight, torch.Tensor):
+            return dense(x, weight, bias)
+        return weight.linear(x, bias, dense)
+
+    return linear
+
+
+def embedding(ids: torch.Tensor, weight) -> torch.Tensor:
+    """Rows ``ids`` (LongTensor [T]) of an embedding table ``weight`` [vocab, hidden] (dense or
+    quantized) -> [T, hidden]."""
+    if isinstance(weight, torch.Tensor):
+        return F.embedding(ids, weight)
+    return weight.rows(ids)
+
+
+def assign_weight(module: torch.nn.Module, name: str, blocks: list) -> None:
+    """Fill ``module.<name>`` (an uninitialised dense ``[out, in]`` parameter) from row blocks
+    stacked in order (e.g. q, k, v), each a tensor or a
+    :class:`~redlite.layers.quant_weight.QuantTensor`. When every block is quantized in a
+    kernel format and the parameter is on CPU, the parameter is replaced by a
+    :class:`~redlite.layers.quant_weight.QuantWeight` over the blocks (no copy); otherwise the
+    blocks are dequantized into it (float32, then the parameter's dtype and device).
+
+    Raises ValueError when the blocks' rows do not add up to the parameter's."""
+    from redlite.layers.quant_weight import QuantTensor, QuantWeight, dequantize_block, kernel_supported
+
+    current = getattr(module, name)
+    rows = sum(int(b.shape[0]) for b in blocks)
+    if rows != current.shape[0]:
+        raise ValueError(f"{name}: {rows} rows for a weight of {current.shape[0]}")
+    if any(isinstance(b, QuantTensor) for b in blocks) and kernel_supported(blocks, current.device):
+        delattr(module, name)
+        setattr(module, name, QuantWeight(blocks))
+        return
+    row = 0
+    for block in blocks:
+        data = dequantize_block(block)
+        current[row:row + data.shape[0]].copy_(data)
+        row += data.shape[0]

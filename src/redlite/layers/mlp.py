@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from redlite.layers.linear import linear_kernel
+from redlite.layers.linear import assign_weight, linear_kernel
 
 
 class SwiGLU(nn.Module):
@@ -33,11 +33,11 @@ class SwiGLU(nn.Module):
     def load(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
              gate_bias: torch.Tensor | None = None, up_bias: torch.Tensor | None = None,
              down_bias: torch.Tensor | None = None) -> None:
-        """Copy Hugging Face ``gate_proj``/``up_proj`` ([inter, hidden]) and ``down_proj``
-        ([hidden, inter]) weights (and biases when the block has them)."""
-        self.gate_up_weight[: self.inter].copy_(gate)
-        self.gate_up_weight[self.inter:].copy_(up)
-        self.down_weight.copy_(down)
+        """Load Hugging Face ``gate_proj``/``up_proj`` ([inter, hidden]) and ``down_proj``
+        ([hidden, inter]) weights (tensors, or GGUF blocks: see
+        :func:`~redlite.layers.linear.assign_weight`), and biases when the block has them."""
+        assign_weight(self, "gate_up_weight", [gate, up])
+        assign_weight(self, "down_weight", [down])
         if self.gate_up_bias is not None:
             self.gate_up_bias[: self.inter].copy_(gate_bias)
             self.gate_up_bias[self.inter:].copy_(up_bias)

@@ -11,12 +11,14 @@ What a converted directory holds:
   built from the GGUF metadata (see
   :func:`~redlite.loading.gguf_config.gguf_to_hf_config` for each key's source);
 * ``generation_config.json``: bos/eos/pad ids from ``tokenizer.ggml.*``;
-* ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` shards plus
-  ``model.safetensors.index.json`` past
-  :data:`~redlite.loading.gguf_weights.MAX_SHARD_BYTES`): every tensor dequantized to
-  float32 by ``gguf.quants.dequantize`` and renamed to Hugging Face names
-  (``blk.0.attn_q.weight`` -> ``model.layers.0.self_attn.q_proj.weight``); for the ``llama``
-  architecture the Q and K rows are put back from llama.cpp's rotary layout;
+* for the Llama family, ``gguf_tensors.json``: the file's tensor table (architecture, then per tensor its name, GGML
+  type, shape and byte range), so a start maps the weights without parsing the GGUF metadata
+  (the tokenizer's arrays make that parse slow);
+* ``model.gguf``: a symbolic link to the GGUF file itself (refreshed on every resolve, so a
+  file reinstalled elsewhere keeps working): the weights stay there, quantized, and are read
+  through a memory mapping at load (:mod:`redlite.loading.gguf_tensors`); for the Qwen3.5
+  hybrids, ``model.safetensors`` (or shards) instead: every tensor dequantized to float32
+  (:func:`~redlite.loading.gguf_weights.write_weights`);
 * ``tokenizer.json`` and ``tokenizer_config.json`` (chat template from
   ``tokenizer.chat_template``, special tokens), made by transformers' own GGUF tokenizer
   conversion.
@@ -29,8 +31,8 @@ two processes never convert the same file at once.
 
 This module holds the entry points, the cache and the conversion steps' order; the work is in
 :mod:`redlite.loading.gguf_config` (metadata -> ``config.json``, ``generation_config.json``)
-and :mod:`redlite.loading.gguf_weights` (tensor names, Q/K un-permutation, safetensors
-writing), whose public names are re-exported here.
+and :mod:`redlite.loading.gguf_weights` (tensor names, Q/K un-permutation), whose public
+names are re-exported here.
 """
 
 from __future__ import annotations
@@ -57,13 +59,16 @@ from redlite.loading.gguf_config import (
     read_field,
     write_json,
 )
+from redlite.loading import gguf_qwen35
 from redlite.loading.progress import Progress
 from redlite.loading.gguf_weights import MAX_SHARD_BYTES, hf_tensor_name, unpermute_rotary_rows, write_weights
 
 __all__ = [
     "CACHE_DIR_ENV",
     "CONVERTER_VERSION",
+    "GGUF_LINK",
     "MAX_SHARD_BYTES",
+    "TENSOR_TABLE",
     "SUPPORTED_ARCHITECTURES",
     "convert_gguf",
     "default_cache_dir",
@@ -78,7 +83,11 @@ __all__ = [
 logger = logging.getLogger("redlite.loading")
 
 #: Bump when the converted output changes, so old cache entries are not used any more.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
+#: Name of the link to the GGUF file inside a converted directory.
+GGUF_LINK = "model.gguf"
+#: Name of the tensor table inside a converted directory.
+TENSOR_TABLE = "gguf_tensors.json"
 #: Environment variable naming the cache root.
 CACHE_DIR_ENV = "REDLITE_CACHE_DIR"
 
@@ -131,11 +140,13 @@ def resolve_model_dir(path: str | os.PathLike[str], cache_dir: str | os.PathLike
     target = root / "gguf" / _cache_name(source)
     if _is_complete(target):
         logger.debug("using cached conversion %s of %s", target, source)
+        _link_gguf(target, source)
         return target
 
     target.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(target.parent / f".{target.name}.lock"):
         if _is_complete(target):  # another process converted it while we waited
+            _link_gguf(target, source)
             return target
         # Holding the lock, any temp dir of this key is the leftover of a killed conversion.
         for stale in target.parent.glob(f".tmp-{target.name}-*"):
@@ -147,10 +158,12 @@ def resolve_model_dir(path: str | os.PathLike[str], cache_dir: str | os.PathLike
         try:
             with Progress(f"first start: converting {source.name}") as progress:
                 convert_gguf(source, tmp, progress)
+            _link_gguf(tmp, source)
             # mkdtemp (and safetensors) create owner-only modes; the cache is ordinary files.
             tmp.chmod(0o755)
             for item in tmp.iterdir():
-                item.chmod(0o644)
+                if not item.is_symlink():
+                    item.chmod(0o644)
             os.replace(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -163,8 +176,10 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
                  progress: Progress | None = None) -> None:
     """Convert one GGUF file into a Hugging Face-format directory ``out_dir`` (must exist).
 
-    Writes ``config.json``, ``generation_config.json``, the float32 safetensors weights and
-    the tokenizer files (when the GGUF has ``tokenizer.ggml.model``). Not atomic by itself:
+    Writes ``config.json``, ``generation_config.json`` and the tokenizer files (when the GGUF
+    has ``tokenizer.ggml.model``); the weights stay in the GGUF (every tensor name is checked
+    here, so an unknown one fails now, not at load), except for the Qwen3.5 hybrids, whose
+    weights are written dequantized to float32 safetensors. Not atomic by itself:
     :func:`resolve_model_dir` calls it on a temporary directory. Logs each step's duration;
     ``progress`` (optional) is told the stages and counts one unit for the parse, one per
     tensor and one for the tokenizer.
@@ -191,7 +206,8 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     parsed = time.perf_counter()
     progress.expect(len(reader.tensors) + 2)
     progress.advance()
-    progress.stage("weights to float32")
+    hybrid = read_field(reader, "general.architecture") in gguf_qwen35.ARCHITECTURES
+    progress.stage("weights to float32" if hybrid else "weights: tensor table")
 
     config = gguf_to_hf_config(reader)
     st = gguf_path.stat()
@@ -202,8 +218,12 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
         "general.file_type": read_field(reader, "general.file_type"),
         "converter_version": CONVERTER_VERSION,
     }
-    n_tensors, n_bytes = write_weights(reader, config, out, progress.advance)
-    progress.advance(len(reader.tensors) - n_tensors)  # tensors with no Hugging Face name
+    if hybrid:
+        n_tensors, _ = write_weights(reader, config, out, progress.advance)  # hybrids: float32
+        progress.advance(len(reader.tensors) - n_tensors)  # tensors with no Hugging Face name
+    else:
+        write_json(out / TENSOR_TABLE, tensor_table(reader))
+        progress.advance(len(reader.tensors))
     weights_done = time.perf_counter()
     progress.stage("tokenizer (transformers)")
 
@@ -215,20 +235,33 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     # config.json last: its presence marks a complete directory (see _is_complete).
     write_json(out / "config.json", config)
     logger.info(
-        "converted %s (%s, %d layers) -> %s: %d tensors, %.0f MB float32, tokenizer %s; "
-        "parse %.1f s, weights %.1f s, tokenizer %.1f s, total %.1f s",
+        "converted %s (%s, %d layers) -> %s: %d tensors checked, tokenizer %s; "
+        "parse %.1f s, names %.1f s, tokenizer %.1f s, total %.1f s",
         gguf_path.name,
         config["model_type"],
         config["num_hidden_layers"],
         out,
-        n_tensors,
-        n_bytes / 1e6,
+        len(reader.tensors),
         "written" if has_tokenizer else "absent from the GGUF",
         parsed - started,
         weights_done - parsed,
         tokenizer_done - weights_done,
         tokenizer_done - started,
     )
+
+
+def tensor_table(reader: Any) -> dict[str, Any]:
+    """``{"architecture": str, "tensors": [{"name", "type", "shape", "offset", "nbytes"}]}`` of
+    an open ``gguf.GGUFReader``: GGML type name, shape in GGUF order (fastest dimension first),
+    absolute byte offset and size of the data. Raises ValueError for a tensor name without a
+    Hugging Face counterpart (so it fails at conversion, not at load)."""
+    tensors = []
+    for tensor in reader.tensors:
+        hf_tensor_name(tensor.name)
+        tensors.append({"name": tensor.name, "type": tensor.tensor_type.name,
+                        "shape": [int(d) for d in tensor.shape.tolist()], "offset": int(tensor.data_offset),
+                        "nbytes": int(tensor.n_bytes)})
+    return {"architecture": read_field(reader, "general.architecture"), "tensors": tensors}
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,7 +328,19 @@ def _cache_name(source: Path) -> str:
 def _is_complete(target: Path) -> bool:
     if not (target / "config.json").is_file():
         return False
-    return (target / "model.safetensors").is_file() or (target / "model.safetensors.index.json").is_file()
+    return any((target / name).is_file() for name in (TENSOR_TABLE, "model.safetensors", "model.safetensors.index.json"))
+
+
+def _link_gguf(target: Path, source: Path) -> None:
+    """Point ``target/model.gguf`` at ``source`` (atomically replaced when it points elsewhere:
+    the same file installed at another path hashes to the same cache entry)."""
+    link = target / GGUF_LINK
+    if link.is_symlink() and os.readlink(link) == str(source):
+        return
+    tmp = target / f".{GGUF_LINK}.{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(source)
+    os.replace(tmp, link)
 
 
 @contextlib.contextmanager

@@ -6,8 +6,9 @@ names and value changes are in :mod:`redlite.loading.gguf_qwen35`);
 :func:`unpermute_rotary_rows` puts the Q and K rows of the ``llama`` architecture back from
 llama.cpp's rotary layout; :func:`write_weights` dequantizes every tensor to float32 (with
 ``gguf.quants.dequantize``) and saves ``model.safetensors``, or shards of at most
-:data:`MAX_SHARD_BYTES` plus ``model.safetensors.index.json``. Used by
-:func:`redlite.loading.gguf.convert_gguf`.
+:data:`MAX_SHARD_BYTES` plus ``model.safetensors.index.json``: what
+:func:`redlite.loading.gguf.convert_gguf` does for the Qwen3.5 hybrids (the Llama family's
+weights stay quantized in the GGUF, see :mod:`redlite.loading.gguf_tensors`).
 """
 
 from __future__ import annotations

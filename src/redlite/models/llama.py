@@ -17,7 +17,7 @@ from torch import nn
 from redlite.engine.base import EngineError
 from redlite.layers.attention import Attention, prefill_mask
 from redlite.layers.kv_cache import KVCache
-from redlite.layers.linear import linear_kernel
+from redlite.layers.linear import assign_weight, embedding, linear_kernel
 from redlite.layers.mlp import SwiGLU
 from redlite.layers.norm import RMSNorm, rms_norm
 from redlite.layers.rotary import RotaryTable
@@ -150,14 +150,19 @@ class LlamaModel(CausalLM):
         self.rotary = RotaryTable.from_config(config, spec.head_dim)
         self.linear = linear_kernel(device, dtype)
         self._windows = sorted({w for w in spec.windows}, key=lambda w: (w is not None, w or 0))
+        self._fused_decode: object = None  # built at the first one-token forward (False: none)
 
     def load_hf_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         spec = self.spec
         with torch.no_grad():
-            self.embed_weight.copy_(tensors["model.embed_tokens.weight"])
+            assign_weight(self, "embed_weight", [tensors["model.embed_tokens.weight"]])
             self.norm.weight.copy_(tensors["model.norm.weight"])
-            if not spec.tied:
-                self.lm_head_weight.copy_(tensors["lm_head.weight"])
+            if spec.tied:
+                if self.lm_head_weight is not self.embed_weight:
+                    delattr(self, "lm_head_weight")
+                    self.lm_head_weight = self.embed_weight
+            else:
+                assign_weight(self, "lm_head_weight", [tensors["lm_head.weight"]])
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
                 a = p + "self_attn."
@@ -187,8 +192,12 @@ class LlamaModel(CausalLM):
     def forward(self, input_ids: torch.Tensor, state: LlamaState, all_logits: bool = False) -> torch.Tensor:
         n_new = input_ids.shape[0]
         state.check_room(n_new)
+        if n_new == 1 and self._fused() is not None:
+            logits = self._fused_decode(int(input_ids[0]), state)
+            state.n_past += 1
+            return logits
         start = state.n_past
-        x = F.embedding(input_ids, self.embed_weight)
+        x = embedding(input_ids, self.embed_weight)
         cos, sin = self.rotary.get(start, start + n_new, x.device, x.dtype)
         masks = self._masks(start, n_new, x.device)
         keys, values = state.cache.keys, state.cache.values
@@ -201,6 +210,15 @@ class LlamaModel(CausalLM):
             x = x[-1:]
         x = rms_norm(x, self.norm.weight, self.norm.eps)
         return self.linear(x, self.lm_head_weight, None).float()
+
+    def _fused(self):
+        """The one-call CPU decode step (:class:`~redlite.layers.cpu_decode.FusedDecode`) for a
+        model with quantized weights on CPU, else None; decided once, after loading."""
+        if self._fused_decode is None:
+            from redlite.layers.cpu_decode import FusedDecode
+
+            self._fused_decode = FusedDecode.build(self) or False
+        return self._fused_decode or None
 
     def decode_step(self, token: torch.Tensor, pos: torch.Tensor, state: LlamaState, span: int,
                     ops) -> torch.Tensor:
@@ -215,7 +233,7 @@ class LlamaModel(CausalLM):
         the token's keys/values at ``pos`` but leaves ``state.n_past`` to the caller.
         Returns float32 logits [1, vocab] (the same as :meth:`forward` up to rounding).
         """
-        x = F.embedding(token, self.embed_weight)  # the residual stream, updated in place
+        x = embedding(token, self.embed_weight)  # the residual stream, updated in place
         cos, sin = self.rotary.get(0, state.max_tokens, x.device, x.dtype)
         keys, values = state.cache.keys, state.cache.values
         for i, layer in enumerate(self.layers):

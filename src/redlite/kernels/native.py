@@ -1,0 +1,146 @@
+"""Our small C kernels, compiled on first use and loaded through ctypes.
+
+The sources (``*.c`` next to this file) are built with the system C compiler
+(``cc -O3 -mavx2 -mfma -mf16c -pthread``, one shared library) into
+``<cache root>/kernels/<hash>.so``, where the hash covers the sources, the flags and the
+compiler's version, so a build happens once per change (about 2 s) and is then reused.
+The kernels run on their own thread pool (pool.c), sized to ``torch.get_num_threads()`` when
+the library loads (:func:`set_threads` changes it).
+
+:func:`library` returns the loaded library, or None where it cannot be had (no compiler, a CPU
+without AVX2/FMA/F16C, a failed build: the reason is logged once); callers then use their torch
+fallback. :func:`unavailable_reason` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("redlite.kernels")
+
+SOURCES = ("qmatmul.c", "qmatvec.c", "decode_step.c", "pool.c")
+HEADERS = ("gguf_blocks.h",)
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fPIC", "-shared", "-std=gnu11")
+_reason: str | None = None
+
+
+class Part(ctypes.Structure):
+    """One row block of a stacked weight (``part_t`` in qmatmul.c): ``rows`` rows of
+    ``row_bytes`` bytes in GGML format ``fmt``, at ``data``."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("row_bytes", ctypes.c_int64), ("rows", ctypes.c_int32),
+                ("fmt", ctypes.c_int32)]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _cache_dir() -> Path:
+    from redlite.loading.gguf import default_cache_dir
+
+    return default_cache_dir() / "kernels"
+
+
+def _build(compiler: str) -> Path:
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(" ".join(FLAGS).encode())
+    for name in (*SOURCES, *HEADERS):
+        digest.update((here / name).read_bytes())
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    digest.update(version.encode())
+    target = _cache_dir() / f"redlite-kernels-{digest.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *FLAGS, "-o", tmp, *(str(here / n) for n in SOURCES), "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)  # atomic: a concurrent build of the same sources is harmless
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("built CPU kernels %s", target)
+    return target
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL | None:
+    """The kernel library (built when needed), or None when it cannot be used (see the module
+    docstring); never raises."""
+    global _reason
+    import torch
+
+    missing = {"avx2", "fma", "f16c"} - _cpu_flags()
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if missing:
+        _reason = f"CPU lacks {', '.join(sorted(missing))}"
+    elif compiler is None:
+        _reason = "no C compiler (cc) found"
+    else:
+        try:
+            lib = ctypes.CDLL(str(_build(compiler)))
+        except Exception as err:  # noqa: BLE001 - any build/load trouble: torch fallback
+            _reason = f"kernel build failed: {err}"
+        else:
+            _declare(lib)
+            lib.set_threads(torch.get_num_threads())
+            return lib
+    log.warning("quantized CPU kernels unavailable (%s): quantized weights are dequantized by torch", _reason)
+    return None
+
+
+def set_threads(n: int) -> None:
+    """Run the kernels on ``n`` threads in all (the calling one included); no-op without the
+    library."""
+    lib = library()
+    if lib is not None:
+        lib.set_threads(int(n))
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`library` returned None (None when it loaded or was not tried)."""
+    return _reason
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i, i64, vp = ctypes.POINTER(Part), ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    lib.qmatvec.argtypes = [p, i, vp, i, i, vp, i64, i]
+    lib.qmatvec.restype = None
+    lib.qmatmul_q8x.argtypes = [p, i, vp, i, i, vp, i64]
+    lib.qmatmul_q8x.restype = None
+    lib.decode_step.argtypes = [vp, i64, i64, vp, i64, vp]
+    lib.decode_step.restype = None
+    lib.dequant_parts.argtypes = [p, i, i, vp]
+    lib.dequant_parts.restype = None
+    lib.dequant_rows.argtypes = [p, vp, i64, i, vp]
+    lib.dequant_rows.restype = None
+    lib.quantize_q8.argtypes = [vp, i, vp]
+    lib.quantize_q8.restype = None
+    lib.block_bytes.argtypes = [i]
+    lib.block_bytes.restype = i
+    lib.block_values.argtypes = [i]
+    lib.block_values.restype = i
+    lib.set_threads.argtypes = [i]
+    lib.set_threads.restype = None
+    lib.get_threads.argtypes = []
+    lib.get_threads.restype = i

@@ -1,0 +1,95 @@
+/* A thread pool whose caller never waits for a thread to be scheduled, only for work in progress.
+ *
+ * pool_run(fn, ctx, n, chunk) splits [0, n) into chunks; the caller and the workers claim chunks
+ * with a compare-and-swap on one word holding (job generation, next index), so a worker that
+ * wakes late claims nothing from a finished job. The caller then waits only for chunks already
+ * claimed. On a CPU shared with other processes a preempted worker therefore costs at most one
+ * chunk, where a fork/join barrier (OpenMP's) waits a whole scheduler time slice. Workers spin a
+ * little after each job, then sleep on a condition variable. */
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "gguf_blocks.h"
+
+#define MAX_WORKERS 63
+#define SPINS 20000
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n_workers, active, sleepers;  /* active: workers that claim work (threads - 1) */
+    _Atomic uint64_t word;  /* generation << 32 | next index */
+    _Atomic int64_t done;
+    task_fn fn;
+    void *ctx;
+    int64_t n, chunk;
+    pthread_t threads[MAX_WORKERS];
+} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static void claim_and_run(uint32_t gen) {
+    for (;;) {
+        uint64_t w = atomic_load_explicit(&P.word, memory_order_acquire);
+        int64_t n = P.n, chunk = P.chunk, begin = (int64_t)(w & 0xffffffffu);
+        if ((uint32_t)(w >> 32) != gen || begin >= n) return;
+        int64_t end = begin + chunk < n ? begin + chunk : n;
+        if (!atomic_compare_exchange_weak_explicit(&P.word, &w, ((uint64_t)gen << 32) | (uint64_t)end,
+                                                   memory_order_acq_rel, memory_order_acquire))
+            continue;
+        P.fn(P.ctx, begin, end);  /* the job stays live until this chunk is counted done */
+        atomic_fetch_add_explicit(&P.done, end - begin, memory_order_release);
+    }
+}
+
+static void *worker(void *arg) {
+    int id = (int)(intptr_t)arg;
+    uint32_t seen = 0;
+    for (;;) {
+        uint32_t gen;
+        int spins = 0;
+        while ((gen = (uint32_t)(atomic_load_explicit(&P.word, memory_order_acquire) >> 32)) == seen) {
+            if (++spins < SPINS) { _mm_pause(); continue; }
+            pthread_mutex_lock(&P.mu);
+            P.sleepers++;
+            while ((gen = (uint32_t)(atomic_load(&P.word) >> 32)) == seen) pthread_cond_wait(&P.cv, &P.mu);
+            P.sleepers--;
+            pthread_mutex_unlock(&P.mu);
+            break;
+        }
+        seen = gen;
+        if (id < P.active) claim_and_run(gen);
+    }
+    return NULL;
+}
+
+void pool_run(task_fn fn, void *ctx, int64_t n, int64_t chunk) {
+    if (n <= 0) return;
+    if (P.active == 0 || n <= chunk) { fn(ctx, 0, n); return; }
+    uint32_t gen = (uint32_t)(atomic_load(&P.word) >> 32) + 1;
+    P.fn = fn; P.ctx = ctx; P.n = n; P.chunk = chunk;
+    atomic_store(&P.done, 0);
+    atomic_store_explicit(&P.word, (uint64_t)gen << 32, memory_order_release);
+    pthread_mutex_lock(&P.mu);
+    if (P.sleepers) pthread_cond_broadcast(&P.cv);
+    pthread_mutex_unlock(&P.mu);
+    claim_and_run(gen);
+    for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < n; spins++) {
+        if (spins < SPINS) _mm_pause(); else sched_yield();  /* a preempted worker holds a chunk */
+    }
+}
+
+/* Use n threads in all: the caller and n - 1 workers (started when first needed). */
+void set_threads(int n) {
+    pthread_mutex_lock(&P.mu);
+    int want = n - 1 > MAX_WORKERS ? MAX_WORKERS : (n < 1 ? 0 : n - 1);
+    while (P.n_workers < want) {
+        if (pthread_create(&P.threads[P.n_workers], NULL, worker, (void *)(intptr_t)P.n_workers) != 0) break;
+        pthread_detach(P.threads[P.n_workers]);
+        P.n_workers++;
+    }
+    P.active = want < P.n_workers ? want : P.n_workers;
+    pthread_mutex_unlock(&P.mu);
+}
+int get_threads(void) { return P.active + 1; }

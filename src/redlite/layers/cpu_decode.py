@@ -1,0 +1,124 @@
+"""A Llama-family decode token on CPU in one C call (``decode_step`` in
+``redlite/kernels/decode_step.c``), instead of ~20 torch ops per layer.
+
+Per token, the eager path dispatches some 600 small torch ops for a 30-layer model (norms,
+rotary, cache writes, attention, residual adds); on a 2-core CPU that costs as much as the
+matrix products themselves. :class:`FusedDecode` hands the whole step to C: the same float32
+arithmetic (up to the order of float32 additions), the products through the quantized kernels
+(or F32 rows for dense weights), the KV cache written in place.
+
+:meth:`FusedDecode.build` returns None unless every condition holds (CPU, float32 weights and
+cache, the kernel library loaded, sizes the kernels take, at least one quantized matrix unless
+``require_quantized`` is False); the model then decodes through torch as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import torch
+
+from redlite.kernels import native
+
+log = logging.getLogger("redlite.decode")
+
+class _Mat(ctypes.Structure):
+    _fields_ = [("parts", ctypes.POINTER(native.Part)), ("n_parts", ctypes.c_int32), ("rows", ctypes.c_int32),
+                ("bias", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("qkv", _Mat), ("o", _Mat), ("gate_up", _Mat), ("down", _Mat), ("attn_norm", ctypes.c_void_p),
+                ("ffn_norm", ctypes.c_void_p), ("qk_norm", ctypes.c_void_p), ("window", ctypes.c_int64)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("inter", ctypes.c_int32),
+                ("n_heads", ctypes.c_int32), ("n_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32),
+                ("rot_dim", ctypes.c_int32), ("vocab", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("qk_eps", ctypes.c_float), ("q8", ctypes.c_int32), ("pad", ctypes.c_int32),
+                ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
+                ("lm_head", _Mat), ("embed", ctypes.POINTER(native.Part)), ("cos", ctypes.c_void_p),
+                ("sin", ctypes.c_void_p)]
+
+
+class FusedDecode:
+    """One decode token of a :class:`~redlite.models.llama.LlamaModel` in one C call; build
+    with :meth:`build`. Holds pointers into the model's weights (kept alive here)."""
+
+    def __init__(self, model, lib: ctypes.CDLL, activations: str = "float32"):
+        self.lib, self.model = lib, model
+        self._keep: list = []  # ctypes arrays and tensors the C structs point into
+        spec = model.spec
+        layers = (_Layer * spec.n_layers)()
+        for i, layer in enumerate(model.layers):
+            attn, mlp = layer.attn, layer.mlp
+            layers[i] = _Layer(self._mat(attn.qkv_weight, attn.qkv_bias), self._mat(attn.o_weight, attn.o_bias),
+                               self._mat(mlp.gate_up_weight, mlp.gate_up_bias), self._mat(mlp.down_weight, mlp.down_bias),
+                               self._ptr(layer.input_norm.weight), self._ptr(layer.post_norm.weight),
+                               self._ptr(attn.qk_norm_weight), int(attn.window or 0))
+        self._keep.append(layers)
+        self.struct = _Model(spec.n_layers, spec.hidden, spec.inter, spec.n_heads, spec.n_kv_heads, spec.head_dim,
+                             model.rotary.rotary_dim, spec.vocab, spec.eps, model.layers[0].attn.norm_eps,
+                             int(activations == "q8"), 0, layers, self._ptr(model.norm.weight), self._mat(model.lm_head_weight, None),
+                             ctypes.cast(self._parts(model.embed_weight), ctypes.POINTER(native.Part)),
+                             None, None)
+
+    @classmethod
+    def build(cls, model, require_quantized: bool = True, activations: str = "float32") -> "FusedDecode | None":
+        """The fused step of ``model``, or None when it does not apply (see the module docstring).
+        ``activations="q8"``: quantized products on 8-bit activations, as llama.cpp computes them
+        (faster, not the float32 reference's text; for measurements, see bench/cpu.py)."""
+        if activations not in ("float32", "q8"):
+            raise ValueError(f"activations must be 'float32' or 'q8', got {activations!r}")
+        spec = model.spec
+        matrices = [model.embed_weight, model.lm_head_weight]
+        for layer in model.layers:
+            matrices += [layer.attn.qkv_weight, layer.attn.o_weight, layer.mlp.gate_up_weight, layer.mlp.down_weight]
+        quantized = [getattr(m, "is_quantized", False) for m in matrices]
+        dense_ok = all(q or (m.device.type == "cpu" and m.dtype == torch.float32) for m, q in zip(matrices, quantized))
+        sizes_ok = all(n % 32 == 0 for n in (spec.hidden, spec.inter, spec.n_heads * spec.head_dim))
+        if (not dense_ok or not sizes_ok or model.norm.weight.dtype != torch.float32
+                or model.norm.weight.device.type != "cpu" or (require_quantized and not any(quantized))):
+            return None
+        lib = native.library()
+        if lib is None:
+            return None
+        step = cls(model, lib, activations)
+        log.info("decode: one fused C step per token (%d layers, %s activations)", spec.n_layers, activations)
+        return step
+
+    def __call__(self, token: int, state) -> torch.Tensor:
+        """Logits float32 [1, vocab] of ``token`` fed at ``state.n_past`` (written into the
+        cache; ``state.n_past`` is left to the caller)."""
+        cache = state.cache.data
+        if cache.dtype != torch.float32 or cache.device.type != "cpu" or not cache.is_contiguous():
+            raise ValueError("the fused decode step needs a contiguous float32 CPU cache")
+        cos, sin = self.model.rotary.get(0, state.max_tokens)
+        self.struct.cos, self.struct.sin = cos.data_ptr(), sin.data_ptr()
+        logits = torch.empty(1, self.struct.vocab, dtype=torch.float32)
+        self.lib.decode_step(ctypes.byref(self.struct), int(token), int(state.n_past), cache.data_ptr(),
+                             state.max_tokens, logits.data_ptr())
+        return logits
+
+    def _ptr(self, tensor: torch.Tensor | None) -> int | None:
+        if tensor is None:
+            return None
+        tensor = tensor.detach().float().contiguous()
+        self._keep.append(tensor)
+        return tensor.data_ptr()
+
+    def _parts(self, weight) -> ctypes.Array:
+        if getattr(weight, "is_quantized", False):
+            return weight.parts
+        weight = weight.detach().contiguous()
+        self._keep.append(weight)
+        parts = (native.Part * 1)(native.Part(weight.data_ptr(), weight.shape[1] * 4, weight.shape[0], 0))
+        self._keep.append(parts)
+        return parts
+
+    def _mat(self, weight, bias: torch.Tensor | None) -> _Mat:
+        parts = self._parts(weight)
+        rows = sum(p.rows for p in parts)
+        return _Mat(ctypes.cast(parts, ctypes.POINTER(native.Part)), len(parts), rows, self._ptr(bias))

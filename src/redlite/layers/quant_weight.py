@@ -1,0 +1,175 @@
+"""Weights kept in GGUF block formats: :class:`QuantTensor` (one tensor's raw blocks, as read
+from the file) and :class:`QuantWeight` (a ``[out, in]`` matrix stacked from such row blocks,
+owning its kernels).
+
+``QuantWeight`` is what a layer holds in place of a dense weight when the weights come from a
+GGUF file and run on CPU; :func:`redlite.layers.linear.linear_kernel`'s functions and
+:func:`redlite.layers.linear.embedding` accept either, so model code never asks which.
+
+* few tokens (decode, ``T <= SMALL_BATCH``): our C kernel (:mod:`redlite.kernels.native`,
+  ``qmatvec``): per block, the codes times the float32 activations, then the block's scale
+  (and its min times the block's activation sum): the float32 product of the dequantized
+  weight up to the order of the additions (see :func:`float32_error_bound`), so greedy text
+  equals the float32 reference's. ``activations="q8"`` instead rounds each activation row to
+  8 bits per 32 values (scale ``max|x| / 127``, as llama.cpp does) and multiplies in integers
+  (``qmatmul_q8x``): faster where compute-bound, off by up to :func:`q8_error_bound`.
+* more tokens (prefill): the weight is dequantized to float32 (C, multi-threaded) for the call
+  and multiplied by the dense kernel: the float32 reference's result.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from redlite.kernels import native
+
+#: GGML type ids of the formats our kernels take.
+KERNEL_FORMATS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+#: Most activation rows for the integer kernel; more go through a float32 dequantization.
+SMALL_BATCH = 4
+
+
+@dataclass
+class QuantTensor:
+    """Raw GGUF blocks of a 2-D tensor: ``qtype`` (GGML type name, e.g. ``"Q4_K"``),
+    ``shape`` ``(rows, cols)`` of the values, ``data`` uint8 ``[rows, row_bytes]`` (a view of
+    the memory-mapped file or a copy)."""
+
+    qtype: str
+    shape: tuple[int, int]
+    data: np.ndarray
+
+    def dequantize(self) -> np.ndarray:
+        """float32 ``[rows, cols]`` by ``gguf.quants.dequantize`` (the reference)."""
+        import gguf
+
+        values = gguf.quants.dequantize(self.data, gguf.GGMLQuantizationType[self.qtype])
+        return np.asarray(values, dtype=np.float32).reshape(self.shape)
+
+    def take_rows(self, order: np.ndarray) -> "QuantTensor":
+        """A copy with rows in ``order`` (exact: GGUF blocks never span rows)."""
+        return QuantTensor(self.qtype, self.shape, np.ascontiguousarray(self.data[order]))
+
+
+def kernel_supported(blocks: list[Any], device: torch.device) -> bool:
+    """True when row blocks ``blocks`` (tensors or :class:`QuantTensor`) can stay quantized:
+    all quantized, in :data:`KERNEL_FORMATS`, on CPU, with the kernel library loaded."""
+    return (device.type == "cpu" and all(isinstance(b, QuantTensor) and b.qtype in KERNEL_FORMATS for b in blocks)
+            and len({b.shape[1] for b in blocks}) == 1 and native.library() is not None)
+
+
+class QuantWeight(nn.Module):
+    """A ``[out, in]`` weight stacked from :class:`QuantTensor` row blocks in kernel formats.
+
+    The blocks' bytes are buffers (``part0``, ``part1``, ...; in ``state_dict``, so the weight
+    fingerprint covers them) sharing memory with the given arrays (no copy of a memory-mapped
+    file). ``shape``: ``(out, in)``; ``formats``: the parts' type names.
+    """
+
+    is_quantized = True
+
+    def __init__(self, blocks: list[QuantTensor], activations: str = "float32"):
+        super().__init__()
+        if activations not in ("float32", "q8"):
+            raise ValueError(f"activations must be 'float32' or 'q8', got {activations!r}")
+        self.activations = activations
+        self.lib = native.library()
+        if self.lib is None or not blocks:
+            raise ValueError("QuantWeight needs the kernel library and at least one block")
+        cols = blocks[0].shape[1]
+        self.formats = tuple(b.qtype for b in blocks)
+        self.shape = (sum(b.shape[0] for b in blocks), cols)
+        self.parts = (native.Part * len(blocks))()
+        for i, block in enumerate(blocks):
+            data = np.ascontiguousarray(block.data)
+            tensor = _as_tensor(data)
+            self.register_buffer(f"part{i}", tensor, persistent=True)
+            self.parts[i] = native.Part(tensor.data_ptr(), int(data.shape[1]), int(data.shape[0]),
+                                        KERNEL_FORMATS[block.qtype])
+        self.n_parts = len(blocks)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, dense=None) -> torch.Tensor:
+        """``x @ W.T (+ bias)``: ``x`` [T, in] -> new [T, out] in x's dtype (computed in
+        float32). ``dense``: the dense linear function for the dequantized path (default
+        ``F.linear``)."""
+        if x.dtype != torch.float32:
+            bias = None if bias is None else bias.float()
+            return self.linear(x.float(), bias, dense).to(x.dtype)
+        n_tok = x.shape[0]
+        if n_tok > SMALL_BATCH:
+            weight = self.dequantize()
+            if dense is None:
+                return torch.nn.functional.linear(x, weight, bias)
+            return dense(x, weight, bias)
+        x = x.contiguous()
+        out = torch.empty(n_tok, self.shape[0], dtype=torch.float32)
+        if self.activations == "q8":
+            self.lib.qmatmul_q8x(self.parts, self.n_parts, x.data_ptr(), n_tok, self.shape[1], out.data_ptr(),
+                                 self.shape[0])
+        else:
+            self.lib.qmatvec(self.parts, self.n_parts, x.data_ptr(), n_tok, self.shape[1], out.data_ptr(),
+                             self.shape[0], 0)
+        return out if bias is None else out.add_(bias)
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole weight as a new float32 tensor ``[out, in]``."""
+        out = torch.empty(self.shape, dtype=torch.float32)
+        self.lib.dequant_parts(self.parts, self.n_parts, self.shape[1], out.data_ptr())
+        return out
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (LongTensor [T], < the first part's rows) dequantized: float32 [T, in]
+        (an embedding lookup)."""
+        ids = ids.to(torch.int64).contiguous()
+        out = torch.empty(ids.shape[0], self.shape[1], dtype=torch.float32)
+        self.lib.dequant_rows(ctypes.byref(self.parts[0]), ids.data_ptr(), ids.shape[0], self.shape[1],
+                              out.data_ptr())
+        return out
+
+    def extra_repr(self) -> str:
+        return f"out={self.shape[0]}, in={self.shape[1]}, formats={'+'.join(self.formats)}"
+
+
+def _as_tensor(data: np.ndarray) -> torch.Tensor:
+    import warnings
+
+    with warnings.catch_warnings():  # read-only file mapping: the kernels never write to it
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(data)
+
+
+def dequantize_block(block: Any) -> torch.Tensor:
+    """A row block as a dense float32 tensor: tensors as they are, :class:`QuantTensor` through
+    the C kernels when loaded (same values as ``gguf``'s), else ``gguf.quants.dequantize``."""
+    if not isinstance(block, QuantTensor):
+        return block
+    if block.qtype in KERNEL_FORMATS and native.library() is not None:
+        return QuantWeight([block]).dequantize()
+    return torch.from_numpy(block.dequantize())
+
+
+def float32_error_bound(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Bound on ``|kernel(x) - weight @ x|`` (exact arithmetic) for float32 activations: the
+    classic bound of a float32 dot product summed in any order, ``gamma_(n+2) * sum_j |W_ij x_j|``
+    with ``gamma_k = k u / (1 - k u)``, ``u = 2**-24`` (the two extra roundings: the block
+    scale and the min term). ``weight`` [out, in], ``x`` [in]; float64 [out]."""
+    k = (x.shape[-1] + 2) * 2.0**-24
+    return (weight.double().abs() @ x.double().abs()) * (k / (1 - k))
+
+
+def q8_error_bound(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Bound on ``|kernel(x) - weight @ x|`` from the 8-bit activation rounding alone: per
+    output, ``sum_blocks (max|x_block| / 127 / 2) * sum_{j in block} |W_ij|`` (float64,
+    ``weight`` [out, in], ``x`` [in]). Float32 rounding of the sums comes on top."""
+    half_step = x.double().reshape(-1, 32).abs().amax(dim=1) / 127 / 2
+    return (weight.double().abs().reshape(weight.shape[0], -1, 32).sum(dim=2) * half_step).sum(dim=1)

@@ -1,0 +1,94 @@
+"""The fused C decode step against the torch decode of the same model (tiny random Llama-family
+models: q/k/v biases, q/k norm, a sliding window, dense F32 rows and quantized blocks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from redlite.kernels import native
+from redlite.layers.cpu_decode import FusedDecode
+from redlite.layers.quant_weight import QuantTensor, QuantWeight
+from redlite.models.llama import LlamaModel
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler / AVX2 for the kernels")
+
+BASE = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+
+
+def _model(**extra) -> LlamaModel:
+    torch.manual_seed(0)
+    model = LlamaModel({**BASE, **extra})
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def _q8_0(weight: torch.Tensor) -> QuantTensor:
+    """``weight`` [rows, cols] as Q8_0 blocks (gguf's quantizer)."""
+    import gguf
+
+    data = gguf.quants.quantize(weight.numpy().astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    return QuantTensor("Q8_0", tuple(weight.shape), data.reshape(weight.shape[0], -1))
+
+
+def _decode_both(model: LlamaModel, fused: FusedDecode, steps: int = 12, cache_tol: float = 1e-5) -> float:
+    prompt = torch.tensor([3, 17, 42, 5, 88, 1, 60])
+    worst = 0.0
+    with torch.inference_mode():
+        a, b = model.new_state(64, "cpu", torch.float32), model.new_state(64, "cpu", torch.float32)
+        model._fused_decode = False
+        model(prompt, a)
+        model(prompt, b)
+        token = 7
+        for _ in range(steps):
+            model._fused_decode = fused
+            got = model(torch.tensor([token]), a)
+            model._fused_decode = False
+            want = model(torch.tensor([token]), b)
+            worst = max(worst, float((got - want).abs().max()))
+            token = int(want.argmax())
+        assert a.n_past == b.n_past
+        n = a.n_past
+        torch.testing.assert_close(a.cache.data[:, :, :, :n], b.cache.data[:, :, :, :n], rtol=cache_tol,
+                                   atol=cache_tol)
+    return worst
+
+
+@pytest.mark.parametrize("extra", [{"model_type": "llama"},
+                                   {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 4,
+                                    "max_window_layers": 1},
+                                   {"model_type": "qwen3", "tie_word_embeddings": True}])
+def test_fused_step_equals_torch_decode(extra) -> None:
+    model = _model(**extra)
+    assert FusedDecode.build(model) is None  # dense weights only: the torch path stays
+    fused = FusedDecode.build(model, require_quantized=False)
+    assert fused is not None
+    assert _decode_both(model, fused) < 1e-4
+
+
+def test_fused_step_with_quantized_matrices() -> None:
+    model = _model(model_type="llama")
+    for layer in model.layers:
+        for owner, name in ((layer.attn, "qkv_weight"), (layer.mlp, "gate_up_weight"), (layer.mlp, "down_weight")):
+            weight = getattr(owner, name).detach().clone()
+            delattr(owner, name)
+            setattr(owner, name, QuantWeight([_q8_0(weight)]))
+    fused = FusedDecode.build(model)
+    assert fused is not None
+    assert _decode_both(model, fused) < 1e-4
+
+
+def test_q8_activations_stay_close() -> None:
+    """The 8-bit-activation step (llama.cpp's arithmetic, for measurements) is near, not equal."""
+    model = _model(model_type="llama")
+    for layer in model.layers:
+        weight = layer.mlp.gate_up_weight.detach().clone()
+        delattr(layer.mlp, "gate_up_weight")
+        layer.mlp.gate_up_weight = QuantWeight([_q8_0(weight)])
+    worst = _decode_both(model, FusedDecode.build(model, activations="q8"), steps=4, cache_tol=0.2)
+    assert 1e-6 < worst < 0.5

@@ -1,0 +1,112 @@
+"""The C kernels of GGUF block formats against gguf's own dequantization (the reference).
+
+Blocks are random bytes with sane fp16 scales (every bit pattern of the codes is a valid
+block), for each format the kernels take. Checked: dequantization equals
+``gguf.quants.dequantize`` exactly; the float32-activation product is within
+:func:`float32_error_bound` (float32 rounding) of the exact product of the dequantized weight;
+the 8-bit-activation product equals the float64 product of the dequantized weight and the
+8-bit-rounded activations up to float32 rounding, and stays within :func:`q8_error_bound` of
+the float32 product with the exact activations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from redlite.kernels import native
+from redlite.layers.quant_weight import (KERNEL_FORMATS, SMALL_BATCH, QuantTensor, QuantWeight,
+                                         float32_error_bound, q8_error_bound)
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler / AVX2 for the kernels")
+
+BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176),
+         "Q6_K": (256, 210)}
+SCALES = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def random_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> QuantTensor:
+    """Random codes, fp16 scales (and mins) near the magnitudes real files hold."""
+    values, nbytes = BLOCK[qtype]
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, size=(rows, cols // values, nbytes), dtype=np.uint8)
+    for offset in SCALES[qtype]:
+        scale = rng.uniform(2e-4, 4e-3, size=data.shape[:2]).astype(np.float16)
+        data[..., offset:offset + 2] = scale[..., None].view(np.uint8)
+    return QuantTensor(qtype, (rows, cols), data.reshape(rows, -1))
+
+
+def q8_round(x: torch.Tensor) -> torch.Tensor:
+    """The activations as the kernel sees them: per 32 values, ``round(x / d) * d`` with
+    ``d = max|x| / 127``."""
+    blocks = x.double().reshape(-1, 32)
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    return (torch.round(blocks / torch.where(d > 0, d, 1)) * d).reshape(x.shape)
+
+
+@pytest.mark.parametrize("qtype", sorted(KERNEL_FORMATS))
+def test_dequantize_equals_gguf(qtype: str) -> None:
+    block = random_blocks(qtype, rows=24, cols=512)
+    weight = QuantWeight([block])
+    np.testing.assert_array_equal(weight.dequantize().numpy(), block.dequantize())
+    ids = torch.tensor([5, 0, 23, 5])
+    np.testing.assert_array_equal(weight.rows(ids).numpy(), block.dequantize()[ids.numpy()])
+
+
+@pytest.mark.parametrize("qtype", sorted(KERNEL_FORMATS))
+def test_float32_product_is_the_dequantized_product(qtype: str) -> None:
+    rows, cols = 40, 768
+    block = random_blocks(qtype, rows, cols, seed=1)
+    dense = torch.from_numpy(block.dequantize())
+    x = torch.randn(SMALL_BATCH, cols, generator=torch.Generator().manual_seed(2))
+    got = QuantWeight([block]).linear(x)
+    for t in range(SMALL_BATCH):
+        exact = dense.double() @ x[t].double()
+        assert bool(((got[t].double() - exact).abs() <= float32_error_bound(dense, x[t])).all()), qtype
+    bias = torch.randn(rows)
+    torch.testing.assert_close(QuantWeight([block]).linear(x[:1], bias), got[:1] + bias, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("qtype", sorted(KERNEL_FORMATS))
+def test_q8_product_matches_the_dequantized_reference(qtype: str) -> None:
+    rows, cols = 40, 768
+    block = random_blocks(qtype, rows, cols, seed=1)
+    weight = QuantWeight([block], activations="q8")
+    dense = torch.from_numpy(block.dequantize())
+    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(2))
+    got = weight.linear(x)
+    for t in range(3):
+        # exact up to float32 rounding against the 8-bit activations the kernel uses
+        want_q8 = dense.double() @ q8_round(x[t])
+        scale = (dense.double().abs() @ q8_round(x[t]).abs()).max()
+        assert (got[t].double() - want_q8).abs().max() <= 1e-5 * scale, qtype
+        # within the stated bound of the float32 reference with the exact activations
+        want = dense @ x[t]
+        bound = q8_error_bound(dense, x[t]) + 1e-5 * scale
+        assert bool(((got[t].double() - want.double()).abs() <= bound).all()), qtype
+
+
+def test_stacked_parts_of_mixed_formats_and_prefill_path() -> None:
+    cols = 512
+    blocks = [random_blocks("Q4_K", 16, cols, 3), random_blocks("Q6_K", 8, cols, 4),
+              random_blocks("Q8_0", 8, cols, 5)]
+    weight = QuantWeight(blocks)
+    assert weight.shape == (32, cols)
+    dense = torch.cat([torch.from_numpy(b.dequantize()) for b in blocks])
+    torch.testing.assert_close(weight.dequantize(), dense, rtol=0, atol=0)
+    x = torch.randn(1, cols, generator=torch.Generator().manual_seed(6))
+    for activations in ("float32", "q8"):
+        one = QuantWeight(blocks, activations).linear(x)[0]
+        separate = torch.cat([QuantWeight([b], activations).linear(x)[0] for b in blocks])
+        torch.testing.assert_close(one, separate, rtol=0, atol=0)
+    # more rows than SMALL_BATCH: dequantized float32 product, the reference itself
+    many = torch.randn(SMALL_BATCH + 3, cols, generator=torch.Generator().manual_seed(7))
+    bias = torch.randn(32)
+    torch.testing.assert_close(weight.linear(many, bias), torch.nn.functional.linear(many, dense, bias))
+
+
+def test_zero_activations_give_zero() -> None:
+    for activations in ("float32", "q8"):
+        weight = QuantWeight([random_blocks("Q4_1", 8, 256)], activations)
+        assert torch.equal(weight.linear(torch.zeros(1, 256)), torch.zeros(1, 8))
