@@ -121,11 +121,31 @@ def test_signal_while_queued_and_decoding_stream(start_server):
 def test_signal_while_the_body_is_decoded_and_rendered(start_server):
     server = start_server("--max-body-mib", "64")
     body = {"messages": [{"role": "user", "content": f"m{i}"} for i in range(100_000)]}  # < 1M tokens
-    client = Client(server.url, body, timeout=60)
-    time.sleep(0.7)  # the body is being read, decoded, validated or rendered
+    raw = json.dumps(body).encode()
+    gate, result = threading.Event(), {}
+
+    def content():  # half the body, then the rest once the signal was sent: always in flight
+        yield raw[: len(raw) // 2]
+        gate.wait(30)
+        yield raw[len(raw) // 2:]
+
+    def send():
+        try:
+            r = httpx.post(server.url + "/v1/chat/completions", content=content(), timeout=60,
+                           headers={"content-type": "application/json"})
+            result["status"], result["payload"] = r.status_code, r.json()
+        except (httpx.HTTPError, ValueError) as error:
+            result["error"] = error
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    time.sleep(0.5)  # the first half is read; the server waits for the rest
     server.signal(signal.SIGINT)
-    client.result(60)
-    assert client.status == 503 and client.message() == DOWN, (client.status, client.payload)
+    time.sleep(0.2)
+    gate.set()  # the rest is read, decoded, validated and rendered after the signal
+    sender.join(60)
+    assert not sender.is_alive() and "error" not in result, result
+    assert result["status"] == 503 and result["payload"]["error"]["message"] == DOWN, result
     assert exit_status(server) == 0
 
 
