@@ -12,6 +12,7 @@ from redlite.core.conversations import Conversations
 from redlite.core.generation import Generator, GeneratorSettings
 from redlite.core.parking import ParkingPool
 from redlite.core.sessions import expected_for
+from redlite.core.scheduler import build_scheduler
 from redlite.core.worker import EngineWorker
 from redlite.engine.echo import EchoEngine
 from redlite.server.app import ServerState, create_app
@@ -21,20 +22,23 @@ from redlite.server.slots import SlotService
 
 def echo_state(slot_dir: Path | None = None, security: SecurityOptions | None = None,
                max_tokens: int | None = None, park_device_bytes: int = 0, parking=None,
-               **state_fields) -> ServerState:
+               parallel: int = 1, engine: EchoEngine | None = None, max_queue: int = 4,
+               prefill_chunk: int = 1 << 30, **state_fields) -> ServerState:
     """A ServerState over a fresh echo engine and worker thread (stop it with
     ``state.worker.shutdown()``); ``max_tokens``: the server-side cap (``--max-tokens``);
     ``park_device_bytes``: ``--park-device-mib`` in bytes (the engine then counts as holding
     its state in device memory); ``parking(engine)``: the generator's Conversations instead of
-    a 1 MiB, 4-entry pool."""
-    engine = EchoEngine(device_resident=park_device_bytes > 0)
+    a 1 MiB, 4-entry pool; ``parallel``: ``--parallel`` (a Scheduler of that many slots when
+    > 1); ``engine``: the echo engine to serve (default: a fresh rewindable one)."""
+    engine = engine or EchoEngine(device_resident=park_device_bytes > 0)
     # one prefill call per request whatever its length, so tests can count requests' prefills
-    generator = Generator(engine, ByteTokenizer(), GeneratorSettings(prefill_chunk=1 << 30,
+    generator = Generator(engine, ByteTokenizer(), GeneratorSettings(prefill_chunk=prefill_chunk,
                                                                  max_tokens=max_tokens))
     generator.parking = (parking(engine) if parking is not None else
                          Conversations(ParkingPool(1 << 20, 4, device_budget_bytes=park_device_bytes),
                                        None))
-    worker = EngineWorker(generator, max_queue=4)
+    worker = build_scheduler(generator, parallel, max_queue) if parallel > 1 else None
+    worker = worker or EngineWorker(generator, max_queue=max_queue)
     slots = None
     if slot_dir is not None:
         slot_dir.mkdir(parents=True, exist_ok=True)

@@ -68,7 +68,10 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--body-timeout-s", type=float, default=30.0,
                        help="time allowed for a whole request body, seconds (408 after it)")
     parser.add_argument("--header-timeout-s", type=float, default=10.0, help="time-out for a request's headers")
-    parser.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running one")
+    parser.add_argument("--queue", type=int, default=16, help="requests that may wait behind the running ones")
+    parser.add_argument("--parallel", type=positive_int, default=1,
+                       help="conversations generated at once, their decode steps batched (default 1: "
+                            "one at a time); each has its own slot of engine state")
     parser.add_argument("--prefill-chunk", type=positive_int, default=512,
                        help="most prompt tokens per prefill step; a request that is cancelled "
                             "(client gone, shutdown) stops between steps")

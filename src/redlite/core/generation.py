@@ -32,6 +32,7 @@ from redlite.core.divergence import describe_divergence, describe_message
 from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
 from redlite.core.chat import ChatOutput, OutputEvent
 from redlite.core.output_scanner import OutputScanner, ParseOptions
+from redlite.core.sequence import Sequence
 from redlite.core.token_loop import HostLoop, StreamLoop
 from redlite.core.tokenizer import Tokenizer
 from redlite.engine.base import Engine, EngineError, SamplingParams, TokenLogprob
@@ -72,6 +73,7 @@ class EngineTask(GenerationRequest):
     value lands in ``result``, an exception in ``error``; ``prompt_ids`` is unused."""
 
     action: Callable[["Generator"], Any] | None = None
+    slot: int = 0  # the sequence slot whose generator runs it (``--parallel``)
     result: Any = None
     error: BaseException | None = None
 
@@ -116,27 +118,34 @@ class GeneratorSettings:
     max_tokens: int | None = None
 
 
+def _field(name: str) -> property:
+    """A Generator attribute that is its :class:`Sequence`'s field ``name``."""
+    return property(lambda self: getattr(self.sequence, name),
+                    lambda self, value: setattr(self.sequence, name, value))
+
+
 class Generator:
-    """Executes requests one at a time on one engine (called from the engine worker thread)."""
+    """Executes requests one at a time on one engine slot, whose conversation is
+    ``self.sequence`` (called from the thread serving that slot)."""
 
     def __init__(self, engine: Engine, tokenizer: Tokenizer, settings: GeneratorSettings | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.engine = engine
         self.tokenizer = tokenizer
         self.settings = settings or GeneratorSettings()
-        self.held_ids: list[int] = []
-        self.checkpoints = CheckpointStore(self.settings.checkpoint_bytes)
-        self.failed = False
+        self.sequence = Sequence(engine, CheckpointStore(self.settings.checkpoint_bytes))
         self._clock = clock
         # Candidate selection among the live and parked conversations (redlite.core.conversations
         # .Conversations); None: the live state is the only candidate.
         self.parking = None
-        # where the last generated answer starts in held_ids (for the cache-miss explanation)
-        self._answer_start: int | None = None
-        self.session_key: str | None = None  # the live conversation's session key
-        # requests whose first choice reused the live conversation's state (0: a new one; a
-        # request of another session key starts a new count)
-        self.hits = 0
+
+    # the held conversation's fields, owned by its Sequence (one place for each)
+    engine = _field("engine")
+    held_ids = _field("held_ids")
+    checkpoints = _field("checkpoints")
+    failed = _field("failed")
+    session_key = _field("session_key")
+    hits = _field("hits")  # requests whose first choice reused the state (0: a new one)
+    _answer_start = _field("answer_start")  # where the last answer starts in held_ids
 
     # --- planning and executing --------------------------------------------------------------
 

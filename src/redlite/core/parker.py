@@ -50,6 +50,9 @@ class Parker:
         self.lineage = Lineage(pool, spill=lambda entry, reason: self._spill(entry, reason, frozenset(),
                                                                              True))
         self._gen = None  # the generator of the running request (for spills of tail entries)
+        # False with several slots: park whole entries only (a tail's prefix would be the
+        # live state of one slot among several)
+        self.tails = True
         self.replay = None  # exact replay's turns (ReplayStore; Conversations.attach_replay)
 
     def _with_turns(self, entry: ParkedEntry) -> ParkedEntry:
@@ -86,6 +89,8 @@ class Parker:
         n = len(gen.held_ids)
         if keep >= n:
             return
+        if not self.tails:
+            keep = 0
         engine = gen.engine
         try:
             state = engine.range_nbytes(keep) if keep else engine.state_nbytes()
@@ -202,21 +207,23 @@ class Parker:
     # --- stop --------------------------------------------------------------------------------
 
     def save_all(self, gen: "Generator", live: bool = True, should_stop=None,
-                 guard=contextlib.nullcontext) -> int:
+                 guard=contextlib.nullcontext, residents=()) -> int:
         """Stop: write the live conversation (when ``live``: the engine is idle; and only when
-        consistent) and every pool entry big enough to disk, newest first. ``should_stop()``
+        consistent), those of the other slots' generators ``residents`` (likewise) and every
+        pool entry big enough to disk, newest first. ``should_stop()``
         (optional) is asked before each file: True ends the saving (a second signal); each
         file is written inside ``guard()`` (a context manager: the process does not end
         while a file is being written). Returns the files written or found identical."""
         if self.sessions is None:
             return 0
         entries: list[ParkedEntry] = []
-        if live and trusted(gen) and self.sessions.eligible(len(gen.held_ids)):
-            try:
-                entries.append(capture(gen, "live", self._clock()))
-            except Exception as error:
-                log.warning("save failed %d tok reason=%s: %s", len(gen.held_ids),
-                            type(error).__name__, error)
+        for slot, held in enumerate([gen, *residents] if live else []):
+            if trusted(held) and self.sessions.eligible(len(held.held_ids)):
+                try:
+                    entries.append(capture(held, f"live-{slot}" if slot else "live", self._clock()))
+                except Exception as error:
+                    log.warning("save failed %d tok reason=%s: %s", len(held.held_ids),
+                                type(error).__name__, error)
         if self.pool is not None:
             entries += sorted(self.pool.entries(), key=lambda e: -e.last_used)
         saved = 0

@@ -65,13 +65,33 @@ class Job:
         self.request.cancelled.set()
 
 
-def _send(job: Job, event: Event) -> None:
+def send(job: Job, event: Event) -> None:
     """Deliver ``event``; a receiver that has gone (the HTTP side stopped, its event loop is
     closed) is not an error of the engine: the job runs on (or stops) all the same."""
     try:
         job.deliver(event)
     except Exception as error:
         log.debug("%s: event %s not delivered: %s", job.request.request_id, event.kind, error)
+
+
+def run_job(generator: Generator, job: Job, on_result: Callable[[GenerationResult], None] | None = None) -> None:
+    """Run ``job`` on ``generator`` (on the caller's thread), delivering its events: ``started``,
+    then what the generation yields, then ``done`` per choice or one ``error``. ``on_result``
+    (optional) is called with each choice's result before it is delivered."""
+    send(job, Event("started"))
+    try:
+        for item in generator.run(job.request):
+            if isinstance(item, GenerationResult):
+                if on_result is not None:
+                    on_result(item)
+                send(job, Event("done", item))
+            elif isinstance(item, TokenLogprob):
+                send(job, Event("logprob", item))
+            else:
+                send(job, Event("output", item))
+    except Exception as error:  # the request fails; the server keeps serving
+        log.exception("%s failed", job.request.request_id)
+        send(job, Event("error", error))
 
 
 class EngineWorker:
@@ -98,6 +118,16 @@ class EngineWorker:
     def busy(self) -> bool:
         return self._running is not None
 
+    @property
+    def generators(self) -> list[Generator]:
+        """The generator of each slot (one)."""
+        return [self.generator]
+
+    @property
+    def running(self) -> list[bool]:
+        """Per slot: whether a job runs in it."""
+        return [self.busy]
+
     def submit(self, job: Job) -> None:
         """Queue ``job``. Raises QueueFull or ShuttingDown."""
         with self._lock:
@@ -114,7 +144,7 @@ class EngineWorker:
     def _skip(self, job: Job) -> None:
         self.skipped += 1
         log.info("%s skipped: client closed the connection while waiting", job.request.request_id)
-        _send(job, Event("error", ShuttingDown() if self._closing else ConnectionAbortedError()))
+        send(job, Event("error", ShuttingDown() if self._closing else ConnectionAbortedError()))
         job.finished.set()
 
     def _loop(self) -> None:
@@ -139,18 +169,7 @@ class EngineWorker:
 
     def _run(self, job: Job) -> None:
         self.executed += 1
-        _send(job, Event("started"))
-        try:
-            for item in self.generator.run(job.request):
-                if isinstance(item, GenerationResult):
-                    _send(job, Event("done", item))
-                elif isinstance(item, TokenLogprob):
-                    _send(job, Event("logprob", item))
-                else:
-                    _send(job, Event("output", item))
-        except Exception as error:  # the request fails; the server keeps serving
-            log.exception("%s failed", job.request.request_id)
-            _send(job, Event("error", error))
+        run_job(self.generator, job)
 
     def shutdown(self, wait_s: float = 4.0) -> None:
         """Refuse new jobs, fail waiting ones with ShuttingDown, stop the running one (its
@@ -164,11 +183,11 @@ class EngineWorker:
             running = self._running
             self._lock.notify_all()
         for job in waiting:
-            _send(job, Event("error", ShuttingDown()))
+            send(job, Event("error", ShuttingDown()))
             job.finished.set()
         if running is not None and first:
             running.cancel()
-            _send(running, Event("error", ShuttingDown(CUT_OFF)))
+            send(running, Event("error", ShuttingDown(CUT_OFF)))
         self.join(wait_s)
 
     def join(self, wait_s: float) -> bool:

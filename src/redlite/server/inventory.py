@@ -1,7 +1,8 @@
 """The conversations the server holds, read at request time (``GET /v1/conversations``,
 ``GET /slots``, the metrics collector).
 
-Tiers (:data:`TIERS`): ``live`` (the engine's state, on the device), ``device`` and ``ram``
+Tiers (:data:`TIERS`): ``live`` (the engine's state, on the device: one per sequence slot,
+``slot`` its index; ``null`` for the other tiers), ``device`` and ``ram``
 (the parking pool: entries kept in device memory within ``--park-device-mib``, and in host
 memory), ``disk`` (session files). Read from the engine worker's objects without a lock: the
 worker may change them meanwhile, so a read that races a change is retried (a snapshot is a
@@ -21,24 +22,29 @@ TIERS = ("live", "device", "ram", "disk")
 
 def _conversation(tier: str, key: Any, tokens: int, nbytes: int, checkpoints: list[int],
                   last_used: float | None, session_key: str | None = None,
-                  hits: int | None = None) -> dict:
+                  hits: int | None = None, slot: int | None = None) -> dict:
     return {"id": str(key), "tier": tier, "session_key": session_key, "tokens": int(tokens),
             "bytes": int(nbytes), "checkpoints": [int(p) for p in checkpoints],
-            "last_used": last_used, "hits": hits}
+            "last_used": last_used, "hits": hits, "slot": slot}
 
 
-def _read(generator: Any) -> list[dict]:
-    engine = generator.engine
+def live_id(slot: int) -> str:
+    """The id of slot ``slot``'s live conversation: ``live`` for slot 0, ``live-<slot>`` else."""
+    return f"live-{slot}" if slot else "live"
+
+
+def _read(generators: list) -> list[dict]:
     out = []
-    held = len(generator.held_ids)
-    if held:
-        positions = list(generator.checkpoints.positions)
-        live_bytes = int(engine.state_nbytes()) + sum(
-            int(getattr(c, "nbytes", 0)) for c in generator.checkpoints.items())
-        out.append(_conversation("live", "live", held, live_bytes, positions, None,
-                                 getattr(generator, "session_key", None),
-                                 getattr(generator, "hits", None)))
-    parking = getattr(generator, "parking", None)
+    for slot, generator in enumerate(generators):
+        held = len(generator.held_ids)
+        if held:
+            positions = list(generator.checkpoints.positions)
+            live_bytes = int(generator.engine.state_nbytes()) + sum(
+                int(getattr(c, "nbytes", 0)) for c in generator.checkpoints.items())
+            out.append(_conversation("live", live_id(slot), held, live_bytes, positions, None,
+                                     getattr(generator, "session_key", None),
+                                     getattr(generator, "hits", None), slot))
+    parking = getattr(generators[0], "parking", None)
     pool = getattr(parking, "pool", None)
     for entry in (pool.entries() if pool is not None else []):
         out.append(_conversation(entry.tier, entry.key, len(entry.held_ids), entry.nbytes,
@@ -52,11 +58,12 @@ def _read(generator: Any) -> list[dict]:
     return out
 
 
-def conversations(generator: Any, attempts: int = 5) -> list[dict]:
-    """Every held, parked and stored conversation (see module docstring), live first."""
+def conversations(generators: list, attempts: int = 5) -> list[dict]:
+    """Every held (one per sequence slot: ``generators[i]`` serves slot i), parked and stored
+    conversation (see module docstring), live first."""
     for attempt in range(attempts):
         try:
-            return _read(generator)
+            return _read(generators)
         except (RuntimeError, KeyError, IndexError):  # changed under us by the worker: again
             if attempt == attempts - 1:
                 raise

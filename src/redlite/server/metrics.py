@@ -61,7 +61,7 @@ class _StateCollector:
     def collect(self):
         worker = self.state.worker
         generator = worker.generator
-        items = inventory.conversations(generator)
+        items = inventory.conversations(worker.generators)
         totals = inventory.tier_totals(items)
         families = [
             GaugeMetricFamily("redlite_conversations", "Conversations held per tier", labels=["tier"]),
@@ -82,7 +82,7 @@ class _StateCollector:
         yield GaugeMetricFamily("redlite_queue_depth", "Requests waiting behind the running one",
                                 value=worker.queue_depth)
         yield GaugeMetricFamily("redlite_running_sequences", "Sequences being generated",
-                                value=1 if worker.busy else 0)
+                                value=sum(worker.running))
         sessions = getattr(parking, "sessions", None)
         yield CounterMetricFamily("redlite_session_file_refusals",
                                   "Session files refused (wrong model, format, checksum)",

@@ -1,5 +1,5 @@
 """Routes for operators (issue 21): ``GET /metrics`` (Prometheus text, only with metrics on),
-``GET /v1/conversations``, ``GET /slots`` (llama.cpp's shape, for the live conversation),
+``GET /v1/conversations``, ``GET /slots`` (llama.cpp's shape, one per sequence slot),
 ``GET /dashboard`` (a static page from the package) and ``GET /dashboard/data`` (its recent
 requests, outcomes and reuse totals ``{requests, reused_requests, prompt_tokens,
 reused_tokens}`` over first choices; needs metrics on, else empty).
@@ -8,7 +8,7 @@ reused_tokens}`` over first choices; needs metrics on, else empty).
 
     {"object": "list", "data": [{"id", "tier": "live"|"device"|"ram"|"disk", "session_key",
      "tokens", "bytes", "checkpoints": [position, ...], "last_used": epoch s | null,
-     "hits": int | null}, ...],
+     "hits": int | null, "slot": int | null}, ...],
      "tiers": {tier: {"conversations", "tokens", "bytes", "budget_bytes": int | null}}}
 
 Every route sits behind the security middleware (``--api-key``) like the others.
@@ -27,10 +27,10 @@ from redlite.server import inventory
 
 
 def conversations_body(state: Any) -> dict:
-    generator = state.worker.generator
-    items = inventory.conversations(generator)
+    worker = state.worker
+    items = inventory.conversations(worker.generators)
     totals = inventory.tier_totals(items)
-    budgets = inventory.budgets(generator)
+    budgets = inventory.budgets(worker.generator)
     return {"object": "list", "data": items,
             "tiers": {tier: {"conversations": n, "tokens": tokens, "bytes": nbytes,
                              "budget_bytes": budgets[tier]}
@@ -38,15 +38,19 @@ def conversations_body(state: Any) -> dict:
 
 
 def slots_body(state: Any) -> list[dict]:
-    """llama.cpp's ``GET /slots``: one slot (id 0), the live conversation (``hits``: requests
-    that reused its state, redlite's addition)."""
+    """llama.cpp's ``GET /slots``: one entry per sequence slot (``--parallel``), with its live
+    conversation (``hits``: requests that reused its state, redlite's addition)."""
     worker = state.worker
-    live = [c for c in inventory.conversations(worker.generator) if c["tier"] == "live"]
-    return [{"id": 0, "id_task": -1, "n_ctx": state.max_context,
-             "is_processing": bool(worker.busy),
-             "n_past": live[0]["tokens"] if live else 0,
-             "checkpoints": live[0]["checkpoints"] if live else [],
-             "hits": live[0]["hits"] if live else 0}]
+    live = {c["slot"]: c for c in inventory.conversations(worker.generators) if c["tier"] == "live"}
+    out = []
+    for slot, processing in enumerate(worker.running):
+        held = live.get(slot)
+        out.append({"id": slot, "id_task": -1, "n_ctx": state.max_context,
+                    "is_processing": bool(processing),
+                    "n_past": held["tokens"] if held else 0,
+                    "checkpoints": held["checkpoints"] if held else [],
+                    "hits": held["hits"] if held else 0})
+    return out
 
 
 def _page() -> str:

@@ -25,6 +25,7 @@ from redlite.core.parking import ParkingPool
 from redlite.core.session_dir import SessionDirError, prepare_session_dir
 from redlite.core.private_files import make_private_dir
 from redlite.core.sessions import SessionStore, expected_for
+from redlite.core.scheduler import Scheduler, build_scheduler
 from redlite.core.worker import EngineWorker
 from redlite.server.app import ServerState, create_app
 from redlite.server.chat_service import ChatOptions
@@ -51,7 +52,7 @@ def build_parking(args: argparse.Namespace, expected) -> Conversations:
     return Conversations(pool, sessions)
 
 
-def save_on_stop(worker: EngineWorker, parking: Conversations, stopper: Stopper,
+def save_on_stop(worker: EngineWorker | Scheduler, parking: Conversations, stopper: Stopper,
                  wait_s: float = 30.0) -> None:
     """After serving: let the engine stop (its running job is cancelled: at most one prefill
     chunk or token), then save the conversations to disk. A second signal skips the waiting
@@ -65,7 +66,7 @@ def save_on_stop(worker: EngineWorker, parking: Conversations, stopper: Stopper,
         log.warning("the engine is still busy after %.0f s: saving the parked conversations only",
                     wait_s)
     saved = parking.save_all(worker.generator, live=idle, should_stop=stopper.immediate.is_set,
-                             guard=stopper.writing)
+                             guard=stopper.writing, residents=worker.generators[1:])
     parking.sessions.close()  # its owner lock: the files it wrote are now adoptable
     log.info("stop: %d conversations on disk", saved)
 
@@ -90,7 +91,7 @@ class BuiltServer:
     submits to, and the conversation tiers (RAM pool, ``--session-dir``)."""
 
     app: Any
-    worker: EngineWorker
+    worker: EngineWorker | Scheduler
     parking: Conversations
     model_id: str
 
@@ -121,7 +122,11 @@ def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
     expected = expected_for(engine) if args.session_dir or args.slot_save_path else None
     parking = build_parking(args, expected)
     generator.parking = parking
-    worker = EngineWorker(generator, max_queue=args.queue)
+    worker = None
+    if getattr(args, "parallel", 1) > 1:
+        worker = build_scheduler(generator, args.parallel, max_queue=args.queue)
+    if worker is None:
+        worker = EngineWorker(generator, max_queue=args.queue)
     slots = None
     if args.slot_save_path:
         make_private_dir(args.slot_save_path)

@@ -1,6 +1,6 @@
-"""The llama.cpp-compatible slot API: save, restore and erase the live conversation.
+"""The llama.cpp-compatible slot API: save, restore and erase a slot's live conversation.
 
-``POST /slots/0?action=save`` ``{"filename": "x.bin"}`` ->
+``POST /slots/{id}?action=save`` (id: a sequence slot, 0 to ``--parallel`` - 1) ``{"filename": "x.bin"}`` ->
 ``{"id_slot", "filename", "n_saved", "n_written", "timings": {"save_ms"}}``;
 ``action=restore`` -> ``{"id_slot", "filename", "n_restored", "n_read", "timings": {"restore_ms"}}``;
 ``action=erase`` -> ``{"id_slot", "n_erased"}`` (as llama.cpp's ``/slots/{id}`` endpoint).
@@ -95,7 +95,7 @@ class SlotService:
 
     # --- run on the engine worker thread -----------------------------------------------------
 
-    def save(self, gen: Generator, path: Path) -> dict:
+    def save(self, gen: Generator, path: Path, slot: int = 0) -> dict:
         if gen.failed:
             raise SlotError(409, "the slot's state is not consistent (its last request failed)")
         started = time.perf_counter()
@@ -109,10 +109,10 @@ class SlotService:
         ms = (time.perf_counter() - started) * 1000.0
         log.info("slot save %s: saved %d tok (%d bytes) in %.1f ms", path.name, len(entry.held_ids),
                  written, ms)
-        return {"id_slot": 0, "filename": path.name, "n_saved": len(entry.held_ids),
+        return {"id_slot": slot, "filename": path.name, "n_saved": len(entry.held_ids),
                 "n_written": written, "timings": {"save_ms": ms}}
 
-    def restore(self, gen: Generator, path: Path) -> dict:
+    def restore(self, gen: Generator, path: Path, slot: int = 0) -> dict:
         started = time.perf_counter()
         if not path.is_file():
             raise SlotError(404, f"slot file not found: {path.name}")
@@ -130,27 +130,28 @@ class SlotService:
         ms = (time.perf_counter() - started) * 1000.0
         log.info("slot restore %s: restored from file %d tok in %.1f ms", path.name,
                  len(entry.held_ids), ms)
-        return {"id_slot": 0, "filename": path.name, "n_restored": len(entry.held_ids),
+        return {"id_slot": slot, "filename": path.name, "n_restored": len(entry.held_ids),
                 "n_read": state.nbytes, "timings": {"restore_ms": ms}}
 
     @staticmethod
-    def erase(gen: Generator) -> dict:
+    def erase(gen: Generator, slot: int = 0) -> dict:
         n_erased = reset(gen)
         log.info("slot erase: %d tok dropped", n_erased)
-        return {"id_slot": 0, "n_erased": n_erased}
+        return {"id_slot": slot, "n_erased": n_erased}
 
     # --- from the HTTP side ------------------------------------------------------------------
 
     async def run(self, action: Callable[[Generator], dict], name: str,
-                  retry_after_s: int = RETRY_AFTER_S) -> dict:
-        """Queue ``action`` on the engine worker and wait for it. Raises APIError."""
+                  retry_after_s: int = RETRY_AFTER_S, slot: int = 0) -> dict:
+        """Queue ``action`` on the engine worker, for sequence slot ``slot``, and wait for it.
+        Raises APIError."""
         failures: list[BaseException] = []
 
         def deliver(event) -> None:
             if event.kind == "error":
                 failures.append(event.value)
 
-        task = EngineTask(prompt_ids=[], action=action, request_id=f"slot-{name}")
+        task = EngineTask(prompt_ids=[], action=action, request_id=f"slot-{name}", slot=slot)
         job = Job(task, deliver)
         queue(self.worker, job, retry_after_s)
         await asyncio.to_thread(job.finished.wait)
@@ -174,8 +175,11 @@ def mount_slot_routes(app: FastAPI, state: Any) -> None:
         service: SlotService | None = getattr(state, "slots", None)
         if service is None:
             raise APIError(501, "the slot API is disabled: start the server with --slot-save-path DIR")
-        if id_slot != "0":
-            raise APIError(400, f"invalid slot id {id_slot!r}: this server has one slot, 0", "id_slot")
+        slots_held = len(service.worker.generators)
+        if not (id_slot.isdigit() and int(id_slot) < slots_held and id_slot == str(int(id_slot))):
+            raise APIError(400, f"invalid slot id {id_slot!r}: this server has slots 0 to "
+                           f"{slots_held - 1}", "id_slot")
+        slot = int(id_slot)
         require_json(request.headers)  # no cross-site "simple" POST may erase or write
         if action not in ("save", "restore", "erase"):
             raise APIError(400, "action must be save, restore or erase", "action")
@@ -190,6 +194,8 @@ def mount_slot_routes(app: FastAPI, state: Any) -> None:
         except SlotError as error:
             raise APIError(error.status, str(error), "filename") from None
         if action == "erase":
-            return await service.run(service.erase, action, state.retry_after_s)
+            return await service.run(lambda gen: service.erase(gen, slot), action,
+                                     state.retry_after_s, slot)
         method = service.save if action == "save" else service.restore
-        return await service.run(lambda gen: method(gen, path), action, state.retry_after_s)
+        return await service.run(lambda gen: method(gen, path, slot), action, state.retry_after_s,
+                                 slot)

@@ -1,0 +1,214 @@
+"""The one thread that runs every engine call of a pool of sequence slots, batching decodes.
+
+With ``--parallel N`` > 1 each running request keeps its generation loop in a lane thread
+(:mod:`redlite.core.scheduler`); its generator talks to a :class:`SlotProxy` instead of the
+engine. The proxy forwards every call to the :class:`EngineExecutor`, which runs them on its
+own thread, in order:
+
+- a decode step of a slot waits until every slot that is decoding has posted its next token
+  (or ``batch_wait_s`` has passed since the first one did), then all of them run as one
+  :meth:`~redlite.engine.base.Engine.decode_batch`;
+- any other call (a prefill chunk, a sampling step, a snapshot, a rewind) runs as soon as it
+  is posted, between two decode batches: a long prefill, sent chunk by chunk by the
+  generator (``--prefill-chunk``), holds the others' next token back by at most one chunk.
+
+A decode batch refused for a full context (EngineError, nothing changed) runs again slot by
+slot, so only the full slot's request gets the error. Any other failure of a batch reaches
+every slot in it (each generator then marks its state untrusted).
+
+Once :meth:`EngineExecutor.close` has ended the thread, calls run on the caller's thread
+(saving conversations at stop).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from redlite.engine.base import Engine, EngineError, Sampler
+
+log = logging.getLogger("redlite.executor")
+
+BATCH_WAIT_S = 0.05  # the longest a posted decode waits for the other decoding slots
+
+
+class EngineExecutor:
+    """Runs engine calls of the slots of one pool (``pool``: the engine whose
+    ``decode_batch`` serves them all) on one thread. Counters for tests and the bench:
+    ``batches`` (decode_batch calls) and ``batched_tokens`` (decodes in them)."""
+
+    def __init__(self, pool: Engine, batch_wait_s: float = BATCH_WAIT_S) -> None:
+        self.pool = pool
+        self.batch_wait_s = batch_wait_s
+        self._cond = threading.Condition()
+        self._calls: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
+        self._decodes: dict[SlotProxy, tuple[int, Future]] = {}
+        self._first_decode = 0.0
+        self._decoding: set[SlotProxy] = set()
+        self._closing = False
+        self.batches = 0
+        self.batched_tokens = 0
+        self._thread = threading.Thread(target=self._loop, name="engine-executor", daemon=True)
+        self._thread.start()
+
+    # --- from the lane threads ---------------------------------------------------------------
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` on the executor thread; return its result or raise its
+        exception."""
+        if threading.current_thread() is self._thread or not self._thread.is_alive():
+            return fn(*args, **kwargs)
+        future: Future = Future()
+        with self._cond:
+            self._calls.append((lambda: fn(*args, **kwargs), future))
+            self._cond.notify_all()
+        return future.result()
+
+    def decode(self, proxy: "SlotProxy", token_id: int) -> Any:
+        """``proxy``'s slot decodes ``token_id`` in the next batch; returns its logits."""
+        if not self._thread.is_alive():
+            return proxy.target.decode(token_id)
+        future: Future = Future()
+        with self._cond:
+            if not self._decodes:
+                self._first_decode = time.monotonic()
+            self._decodes[proxy] = (int(token_id), future)
+            self._decoding.add(proxy)
+            self._cond.notify_all()
+        return future.result()
+
+    def rest(self, proxy: "SlotProxy") -> None:
+        """``proxy``'s slot posts no more decodes for now (its generation ended): batches do not
+        wait for it."""
+        with self._cond:
+            self._decoding.discard(proxy)
+            self._cond.notify_all()
+
+    def close(self, wait_s: float = 4.0) -> bool:
+        """Run what was posted, end the thread (later calls run on the caller's thread); True
+        when it has ended within ``wait_s`` seconds."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(max(0.0, wait_s))
+        return not self._thread.is_alive()
+
+    # --- the executor thread -----------------------------------------------------------------
+
+    def _batch_ready(self, now: float) -> bool:
+        if not self._decodes:
+            return False
+        return (self._decoding <= self._decodes.keys() or self._closing
+                or now - self._first_decode >= self.batch_wait_s)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if self._batch_ready(now):
+                        batch, self._decodes = self._decodes, {}
+                        calls = None
+                        break
+                    if self._calls:
+                        batch, calls = None, self._calls.popleft()
+                        break
+                    if self._closing and not self._decodes:
+                        return
+                    timeout = None
+                    if self._decodes:
+                        timeout = max(0.0, self._first_decode + self.batch_wait_s - now)
+                    self._cond.wait(timeout)
+            if batch is not None:
+                self._run_batch(batch)
+            else:
+                fn, future = calls
+                _settle(future, fn)
+
+    def _run_batch(self, batch: dict) -> None:
+        proxies = list(batch)
+        tokens = [batch[p][0] for p in proxies]
+        futures = [batch[p][1] for p in proxies]
+        try:
+            if len(proxies) == 1:
+                results = [proxies[0].target.decode(tokens[0])]
+            else:
+                results = self.pool.decode_batch([p.target for p in proxies], tokens)
+            self.batches += 1
+            self.batched_tokens += len(proxies)
+        except EngineError:  # a full context refused before any change: slot by slot
+            for proxy, token, future in zip(proxies, tokens, futures):
+                _settle(future, lambda: proxy.target.decode(token))
+            return
+        except BaseException as error:  # noqa: BLE001 - every slot in the batch hears of it
+            log.exception("decode batch of %d slots failed", len(proxies))
+            for future in futures:
+                future.set_exception(error)
+            return
+        for future, result in zip(futures, results):
+            future.set_result(result)
+
+
+def _settle(future: Future, fn: Callable[[], Any]) -> None:
+    try:
+        future.set_result(fn())
+    except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+        future.set_exception(error)
+
+
+class _RemoteSampler(Sampler):
+    """A slot's sampler whose steps run on the executor thread."""
+
+    def __init__(self, executor: EngineExecutor, sampler: Sampler) -> None:
+        self._executor, self._sampler = executor, sampler
+
+    @property
+    def last_logprob(self):  # type: ignore[override]
+        return self._sampler.last_logprob
+
+    def sample(self, logits: Any) -> int:
+        return self._executor.call(self._sampler.sample, logits)
+
+
+class SlotProxy:
+    """One slot of the pool as its generator sees it: the :class:`~redlite.engine.base.Engine`
+    interface of ``target``, every call run on ``executor``'s thread (decodes in batches),
+    attributes read directly. No token streams: tokens are sampled per sequence on the host
+    (the same seed and request give the same output whatever else runs)."""
+
+    def __init__(self, target: Engine, executor: EngineExecutor) -> None:
+        self.target = target
+        self.executor = executor
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.target, name)
+        if not callable(value):
+            return value
+        executor = self.executor
+
+        def forwarded(*args: Any, **kwargs: Any) -> Any:
+            return executor.call(value, *args, **kwargs)
+
+        return forwarded
+
+    @property
+    def n_past(self) -> int:
+        return self.target.n_past
+
+    def decode(self, token_id: int) -> Any:
+        return self.executor.decode(self, token_id)
+
+    def token_stream(self, params: Any, logits: Any) -> None:
+        return None
+
+    def make_sampler(self, params: Any, prompt_ids: Any = (), constraint: Any = None) -> Sampler:
+        sampler = self.executor.call(self.target.make_sampler, params, prompt_ids, constraint)
+        return _RemoteSampler(self.executor, sampler)
+
+    def rest(self) -> None:
+        """This slot's generation has ended (see :meth:`EngineExecutor.rest`)."""
+        self.executor.rest(self)

@@ -1,0 +1,63 @@
+"""Which idle slot a request runs in (pure): the first step of placing a conversation.
+
+Running slots are never candidates: a request never evicts a running conversation. Among the
+idle slots (each holding its resident conversation, or nothing), a request takes:
+
+1. the slot with the longest usable prefix for its prompt (:func:`~redlite.core.parking.usable_prefix`),
+   but a slot whose resident conversation it would cut (it does not extend it) counts only when
+   that prefix is at least half of what the slot holds (:data:`FORK_SHARE`: a fork of that
+   conversation, a regenerate or an edit); a smaller shared prefix (a common system prompt)
+   is cheaper to prefill elsewhere than the resident conversation is to park and bring back;
+2. on a tie: a slot that loses nothing (empty, or extended), then the slot of the request's
+   session key, then the least recently used.
+
+The chosen slot's generator then runs today's candidate step
+(:meth:`redlite.core.conversations.Conversations.select`): a parked conversation with a longer
+usable prefix replaces the resident one, which parks (RAM, then disk tiers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from redlite.core.parking import usable_prefix
+from redlite.core.reuse import common_prefix_length
+
+FORK_SHARE = 0.5  # a cut resident counts when the prompt keeps at least this share of it
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """An idle slot as placement sees it. held_ids: its resident conversation's tokens.
+    trusted: its state agrees with them. checkpoints: positions (tokens). last_used:
+    monotonic seconds of its last request's end."""
+
+    index: int
+    held_ids: Sequence[int]
+    trusted: bool
+    can_rewind: bool
+    checkpoints: Sequence[int] = ()
+    session_key: str | None = None
+    last_used: float = 0.0
+
+
+def slot_rank(view: SlotView, prompt: Sequence[int], session_key: str | None) -> tuple:
+    """The sort key of ``view`` for ``prompt`` (the best slot has the largest)."""
+    held = len(view.held_ids) if view.trusted else 0
+    common = common_prefix_length(view.held_ids, prompt) if held else 0
+    usable = usable_prefix(held, common, len(prompt), view.can_rewind, view.checkpoints)
+    loses = held > usable
+    if loses and usable < FORK_SHARE * held:
+        usable = 0
+    same_session = session_key is not None and session_key == view.session_key
+    return usable, not loses, same_session, -view.last_used
+
+
+def choose_slot(views: Sequence[SlotView], prompt: Sequence[int],
+                session_key: str | None = None) -> int:
+    """The index of the idle slot for ``prompt`` (see module docstring). Raises ValueError
+    when ``views`` is empty."""
+    if not views:
+        raise ValueError("no idle slot")
+    return max(views, key=lambda v: slot_rank(v, prompt, session_key)).index

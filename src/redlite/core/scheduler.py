@@ -1,0 +1,243 @@
+"""Several conversations at once (``--parallel N`` > 1): slots, lanes, admission, shutdown.
+
+The same contract as :class:`redlite.core.worker.EngineWorker` (``submit``, ``shutdown``,
+``join``, :class:`~redlite.core.worker.Job` events, :class:`~redlite.core.worker.QueueFull`,
+:class:`~redlite.core.worker.ShuttingDown`), with N slots of one engine pool
+(``Engine.new_slot``):
+
+- each slot has a lane thread and a :class:`~redlite.core.generation.Generator` (its
+  :class:`~redlite.core.sequence.Sequence`) whose engine is a
+  :class:`~redlite.core.executor.SlotProxy`: every engine call runs on the one executor
+  thread, decode steps of the running slots batched (:mod:`redlite.core.executor`);
+- jobs are admitted in arrival order while a slot is idle; at most ``max_queue`` wait behind
+  the N running ones, one more is :class:`QueueFull`; a waiting job whose client has gone is
+  skipped; the slot is chosen by :func:`redlite.core.placement.choose_slot` (a slot API task
+  runs in the slot it names, when that slot is idle: later jobs wait behind it);
+- the parking tiers are shared by all slots and used by one slot at a time (a lock); they
+  park whole conversations only (a tail entry's prefix would be one slot's live state);
+- shutdown fails the waiting jobs, answers each running one's client at once
+  (:data:`~redlite.core.worker.CUT_OFF`) and cancels it: each stops at its next prefill
+  chunk or token with its state consistent.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any
+
+from redlite.core.executor import EngineExecutor, SlotProxy
+from redlite.core.forks import trusted
+from redlite.core.generation import EngineTask, Generator, GenerationResult
+from redlite.core.placement import SlotView, choose_slot
+from redlite.core.worker import CUT_OFF, Event, Job, QueueFull, ShuttingDown, run_job, send
+
+log = logging.getLogger("redlite.scheduler")
+
+
+class LockedParking:
+    """The shared parking tiers as one slot's generator sees them: every method call holds
+    ``lock`` (one slot moves conversations at a time); attributes are read as they are."""
+
+    def __init__(self, parking: Any, lock: threading.RLock) -> None:
+        object.__setattr__(self, "parking", parking)
+        object.__setattr__(self, "lock", lock)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.parking, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.parking, name)
+        if not callable(value):
+            return value
+        lock = self.lock
+
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return value(*args, **kwargs)
+
+        return locked
+
+
+class _Lane:
+    def __init__(self, index: int, generator: Generator, proxy: SlotProxy) -> None:
+        self.index, self.generator, self.proxy = index, generator, proxy
+        self.job: Job | None = None
+        self.thread: threading.Thread | None = None
+
+
+class Scheduler:
+    """Runs jobs on ``len(generators)`` slots (see module docstring). ``generators[i]``'s
+    engine is slot i's :class:`SlotProxy` on ``executor``; their ``parking`` is the shared
+    tiers behind a :class:`LockedParking` (use :func:`build_scheduler`)."""
+
+    def __init__(self, generators: list[Generator], executor: EngineExecutor,
+                 max_queue: int = 16) -> None:
+        self.executor = executor
+        self.max_queue = max_queue
+        self.lanes = [_Lane(i, g, g.engine) for i, g in enumerate(generators)]
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._lock = threading.Condition()
+        self._closing = False
+        self.executed = 0
+        self.skipped = 0
+        for lane in self.lanes:
+            lane.thread = threading.Thread(target=self._lane_loop, args=(lane,),
+                                           name=f"engine-slot-{lane.index}", daemon=True)
+            lane.thread.start()
+
+    # --- what the server reads ---------------------------------------------------------------
+
+    @property
+    def generator(self) -> Generator:
+        """Slot 0's generator (its ``parking`` is the shared tiers)."""
+        return self.lanes[0].generator
+
+    @property
+    def generators(self) -> list[Generator]:
+        return [lane.generator for lane in self.lanes]
+
+    @property
+    def running(self) -> list[bool]:
+        """Per slot: whether a job runs in it."""
+        return [lane.job is not None for lane in self.lanes]
+
+    @property
+    def busy(self) -> bool:
+        return any(self.running)
+
+    @property
+    def queue_depth(self) -> int:
+        with self._lock:
+            return sum(1 for job in self._waiting if not job.request.cancelled.is_set())
+
+    # --- admission ---------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue ``job``. Raises QueueFull or ShuttingDown."""
+        with self._lock:
+            if self._closing:
+                raise ShuttingDown()
+            in_system = sum(not j.request.cancelled.is_set() for j in self._waiting)
+            in_system += sum(self.running)
+            if in_system >= len(self.lanes) + self.max_queue:
+                raise QueueFull()
+            self._waiting.append(job)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Admit waiting jobs to idle slots, in arrival order (holding the lock)."""
+        while self._waiting:
+            job = self._waiting[0]
+            if job.request.cancelled.is_set():
+                self._waiting.popleft()
+                self.skipped += 1
+                log.info("%s skipped: client closed the connection while waiting",
+                         job.request.request_id)
+                send(job, Event("error", ConnectionAbortedError()))
+                job.finished.set()
+                continue
+            idle = [lane for lane in self.lanes if lane.job is None]
+            request = job.request
+            if isinstance(request, EngineTask):
+                idle = [lane for lane in idle if lane.index == request.slot]
+            if not idle:
+                return
+            views = [_view(lane) for lane in idle]
+            chosen = self.lanes[choose_slot(views, request.prompt_ids, request.session_key)]
+            self._waiting.popleft()
+            chosen.job = job
+            self._lock.notify_all()
+
+    # --- the lanes ---------------------------------------------------------------------------
+
+    def _lane_loop(self, lane: _Lane) -> None:
+        while True:
+            with self._lock:
+                while lane.job is None and not self._closing:
+                    self._lock.wait()
+                job = lane.job
+                if job is None:
+                    return
+            self.executed += 1
+            try:
+                run_job(lane.generator, job, on_result=lambda _result: lane.proxy.rest())
+            finally:
+                lane.proxy.rest()
+                lane.generator.sequence.last_used = time.monotonic()
+                with self._lock:
+                    lane.job = None
+                    job.finished.set()
+                    if not self._closing:
+                        self._dispatch()
+                    self._lock.notify_all()
+
+    # --- stop --------------------------------------------------------------------------------
+
+    def shutdown(self, wait_s: float = 4.0) -> None:
+        """Refuse new jobs, fail waiting ones with ShuttingDown, stop the running ones (each
+        client is answered at once with :data:`CUT_OFF`) and wait up to ``wait_s`` seconds
+        for the slots and the executor to finish. Safe to call several times."""
+        with self._lock:
+            first = not self._closing
+            self._closing = True
+            waiting, self._waiting = list(self._waiting), collections.deque()
+            running = [lane.job for lane in self.lanes if lane.job is not None]
+            self._lock.notify_all()
+        for job in waiting:
+            send(job, Event("error", ShuttingDown()))
+            job.finished.set()
+        if first:
+            for job in running:
+                job.cancel()
+                send(job, Event("error", ShuttingDown(CUT_OFF)))
+        self.join(wait_s)
+
+    def join(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` seconds for the slots' threads, then the executor, to end;
+        True when all have."""
+        deadline = time.monotonic() + max(0.0, wait_s)
+        for lane in self.lanes:
+            lane.thread.join(max(0.0, deadline - time.monotonic()))
+        if any(lane.thread.is_alive() for lane in self.lanes):
+            return False
+        return self.executor.close(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def alive(self) -> bool:
+        """Whether a slot's thread or the executor still runs."""
+        return any(lane.thread.is_alive() for lane in self.lanes) or self.executor._thread.is_alive()
+
+
+def _view(lane: _Lane) -> SlotView:
+    gen = lane.generator
+    return SlotView(lane.index, gen.held_ids, trusted(gen), gen.engine.can_rewind,
+                    gen.checkpoints.positions, gen.session_key, gen.sequence.last_used)
+
+
+def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16) -> Scheduler | None:
+    """A :class:`Scheduler` of ``parallel`` slots: ``generator``'s engine and
+    ``parallel - 1`` new slots of it (``Engine.new_slot``), generators with its tokenizer,
+    settings and parking (whole entries only, behind one lock). None when the engine cannot
+    make slots (the caller runs one sequence at a time)."""
+    from redlite.engine.base import EngineError
+
+    pool = generator.engine
+    try:
+        engines = [pool] + [pool.new_slot() for _ in range(parallel - 1)]
+    except EngineError as error:
+        log.warning("--parallel %d: %s; serving one sequence at a time", parallel, error)
+        return None
+    executor = EngineExecutor(pool)
+    parking, lock = generator.parking, threading.RLock()
+    if parking is not None:
+        parking.tails = False
+    generators = []
+    for engine in engines:
+        gen = Generator(SlotProxy(engine, executor), generator.tokenizer, generator.settings)
+        gen.parking = LockedParking(parking, lock) if parking is not None else None
+        generators.append(gen)
+    log.info("%d sequence slots (one batched decode)", parallel)
+    return Scheduler(generators, executor, max_queue)

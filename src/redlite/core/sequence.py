@@ -1,0 +1,39 @@
+"""The state of one conversation held in one engine slot.
+
+A :class:`Sequence` owns what must agree with its slot's engine state: the held token ids
+(``len(held_ids) == engine.n_past`` whenever ``failed`` is False), the checkpoints taken on
+them, whether that agreement can be trusted (``failed``: set while an engine call that changes
+the state runs, and left set when it fails, so the next request resets), the conversation's
+session key, how many requests reused it (``hits``), and where its last answer starts. Its
+replay entries live in the exact-replay store, found by its held ids
+(:mod:`redlite.core.replay`).
+
+The :class:`~redlite.core.generation.Generator` serving the slot changes these fields (with
+:mod:`redlite.core.live_state` and :mod:`redlite.core.forks` when a conversation moves in or
+out); everything else reads them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from redlite.core.checkpoints import CheckpointStore
+
+
+@dataclass
+class Sequence:
+    """One slot's conversation (see module docstring). engine: the slot (an
+    :class:`~redlite.engine.base.Engine`, or a proxy forwarding to one). last_used: when its
+    last request ended (``time.monotonic`` seconds; placement evicts the least recent)."""
+
+    engine: Any
+    checkpoints: CheckpointStore
+    held_ids: list[int] = field(default_factory=list)
+    failed: bool = False
+    session_key: str | None = None
+    hits: int = 0
+    answer_start: int | None = None
+    last_used: float = field(default_factory=time.monotonic)
+
