@@ -233,6 +233,30 @@ class Engine(ABC):
     def decode(self, token_id: int) -> Any:
         """Feed one token after the held tokens; return the logits of the next position."""
 
+    def new_slot(self) -> "Engine":
+        """Another sequence slot sharing this engine's model (weights, device, options) with its
+        own empty state (``n_past == 0``): a full single-sequence :class:`Engine` in every other
+        respect (prefill, rewind, snapshot, ranges, checkpoints of its own state). The engine it
+        was made from and all its slots form one pool: :meth:`decode_batch` takes any of them.
+        Raises :class:`EngineError` when the engine cannot (then the server runs ``--parallel 1``).
+        Memory: each slot owns its state; the docstring of the engine says how it is allocated."""
+        raise EngineError(f"{type(self).__name__} cannot make another sequence slot")
+
+    def decode_batch(self, slots: Sequence["Engine"], token_ids: Sequence[int]) -> list[Any]:
+        """One decode step over ``len(slots)`` distinct slots of this pool: feed ``token_ids[i]``
+        after ``slots[i]``'s held tokens (each ``n_past`` grows by 1) and return each slot's
+        logits of its next position, in order -- the same values (greedy: the same argmax) as
+        ``slots[i].decode(token_ids[i])`` alone. Raises :class:`EngineError` on a full context
+        of any slot, before changing any state. Default: a loop over :meth:`decode`."""
+        if len(slots) != len(token_ids):
+            raise EngineError(f"{len(slots)} slots but {len(token_ids)} tokens")
+        if len({id(slot) for slot in slots}) != len(slots):
+            raise EngineError("decode_batch needs distinct slots")
+        for slot in slots:
+            if slot.n_past + 1 > slot.max_context:
+                raise EngineError(f"context overflow: {slot.n_past} + 1 > {slot.max_context}")
+        return [slot.decode(token_id) for slot, token_id in zip(slots, token_ids)]
+
     def rewind(self, n_tokens: int) -> None:
         """Truncate the held state to its first ``n_tokens`` tokens (0 <= n_tokens <= n_past).
 

@@ -111,6 +111,10 @@ class EchoEngine(Engine):
                  delay_ms: float = 0.0, model_id: str = "echo", prefill_delay_ms: float = 0.0,
                  snapshot_delay_ms: float = 0.0, device_resident: bool = False,
                  pipelined: bool = False) -> None:
+        self._options = dict(can_rewind=can_rewind, max_context=max_context, delay_ms=delay_ms,
+                             model_id=model_id, prefill_delay_ms=prefill_delay_ms,
+                             snapshot_delay_ms=snapshot_delay_ms,
+                             device_resident=device_resident, pipelined=pipelined)
         self.model_id = model_id
         self.pipelined = pipelined
         self.fed_ahead = 0  # tokens fed through a stream (tests)
@@ -209,6 +213,14 @@ class EchoEngine(Engine):
             raise EngineError(f"cannot rewind to {n_tokens} of {self.n_past} tokens")
         del self._held[n_tokens:]
         # Like a KV cache: the state is the tokens; the next prefill recomputes the source.
+
+    def new_slot(self) -> "EchoEngine":
+        """A fresh echo engine with this one's options (no model to share; the default
+        :meth:`decode_batch` loop serves the pool). Options changed after construction
+        (``delay_ms``, say) are copied as they are now."""
+        options = dict(self._options, delay_ms=self.delay_ms, prefill_delay_ms=self.prefill_delay_ms,
+                       snapshot_delay_ms=self.snapshot_delay_ms, max_context=self.max_context)
+        return EchoEngine(**options)
 
     def make_sampler(self, params: SamplingParams, prompt_ids: Sequence[int] = (),
                      constraint=None) -> NumpySampler:
