@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from redlite.engine.base import EngineError
+from redlite.engine.batch_graphs import BatchGraphs
 from redlite.engine.torch_engine import TorchEngine
 from redlite.kernels import native
 from redlite.layers.quant_weight import QuantTensor, QuantWeight
@@ -57,13 +58,14 @@ def prompts(vocab: int, lengths=(5, 11, 1, 23)) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
-def run_pool(model, feeds: list[list[int]], steps: int, ctx: int = 96) -> tuple[list, list]:
+def run_pool(model, feeds: list[list[int]], steps: int, ctx: int = 96, graphs: bool = False) -> tuple[list, list]:
     """Greedy decode of every prompt: (a) all slots of one pool through ``decode_batch`` with
     slots joining late (the last one starts ``steps // 2`` steps in); (b) each alone on its own
-    engine. Returns the logits of both, per prompt, per step."""
-    pool = TorchEngine(model, ctx_size=ctx, device="cpu")
+    engine. ``graphs``: engines with ``cuda_graphs`` (on CPU: the graph steps run eagerly, the
+    batch through :class:`BatchGraphs`). Returns the logits of both, per prompt, per step."""
+    pool = TorchEngine(model, ctx_size=ctx, device="cpu", cuda_graphs=graphs)
     slots = [pool] + [pool.new_slot() for _ in feeds[1:]]
-    alone = [TorchEngine(model, ctx_size=ctx, device="cpu") for _ in feeds]
+    alone = [TorchEngine(model, ctx_size=ctx, device="cpu", cuda_graphs=graphs) for _ in feeds]
     want = []
     for engine, ids in zip(alone, feeds):
         logits = [engine.prefill(ids)]
@@ -82,6 +84,7 @@ def run_pool(model, feeds: list[list[int]], steps: int, ctx: int = 96) -> tuple[
         rows = pool.decode_batch([slots[i] for i in active], [int(got[i][-1].argmax()) for i in active])
         for i, row in zip(active, rows):
             got[i].append(row)
+    assert isinstance(pool._shared.get("batch_graphs"), BatchGraphs) == graphs
     return got, want
 
 
@@ -100,6 +103,16 @@ def assert_same(got, want, exact: bool, tol: float = 1e-4) -> None:
 def test_llama_dense_batch_equals_alone():
     model = make_llama()
     got, want = run_pool(model, prompts(96), steps=10)
+    assert_same(got, want, exact=False)
+
+
+def test_llama_graph_step_batch_equals_alone():
+    got, want = run_pool(make_llama(), prompts(96), steps=10, graphs=True)
+    assert_same(got, want, exact=False)
+
+
+def test_hybrid_graph_step_batch_equals_alone():
+    got, want = run_pool(make_hybrid(), prompts(120), steps=10, graphs=True)
     assert_same(got, want, exact=False)
 
 

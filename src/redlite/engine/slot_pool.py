@@ -16,17 +16,23 @@ with ``--parallel`` in mind (llama.cpp instead splits its ``--ctx-size`` among `
 slots; here ``--ctx-size`` stays what each conversation may hold).
 
 A slot made on CUDA keeps its own CUDA-graph decoder for its single-sequence decode (built on
-its first lone decode); :func:`decode_batch` of two or more slots runs eagerly (one batched
-forward, :func:`redlite.models.batch_decode.forward_batch`), of one slot the slot's own decode.
+its first lone decode); :func:`decode_batch` of one slot is that slot's own decode, of two or
+more one batched step: replayed from a graph per set of slots
+(:class:`~redlite.engine.batch_graphs.BatchGraphs`, when the engine decodes through graphs),
+else eager (:func:`redlite.models.batch_decode.forward_batch`). On CPU with ``cuda_graphs``
+True the graph step runs eagerly (tests), as the single-sequence one does.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import torch
 
 from redlite.engine.base import Engine, EngineError
+
+log = logging.getLogger("redlite.engine")
 
 
 def new_slot(engine) -> "Engine":
@@ -68,6 +74,34 @@ def decode_batch(engine, slots: Sequence[Engine], token_ids: Sequence[int]) -> l
             raise EngineError(f"token id {token_id} out of range [0, {engine.vocab_size})")
     if len(slots) <= 1 or not supports_batch(engine.model):
         return [slot.decode(int(token_id)) for slot, token_id in zip(slots, token_ids)]
+    ids, states = [int(t) for t in token_ids], [slot.state for slot in slots]
     with torch.inference_mode():
-        logits = forward_batch(engine.model, [int(t) for t in token_ids], [slot.state for slot in slots])
+        graphs = batch_graphs(engine)
+        if graphs is None:
+            logits = forward_batch(engine.model, ids, states)
+        else:
+            logits = graphs.step(states, ids)
+            for state in states:
+                state.n_past += 1
     return [row.clone() for row in logits]  # normal tensors (not inference ones), as decode gives
+
+
+def batch_graphs(engine):
+    """The pool's :class:`~redlite.engine.batch_graphs.BatchGraphs` (built on first use) when
+    the engine decodes through graphs (``cuda_graphs``) and the model has a batched step; else
+    None (eager :func:`~redlite.models.batch_decode.forward_batch`). A build failure is
+    logged and the pool decodes eagerly from then on."""
+    shared = engine._shared
+    if not engine._use_graphs or shared.get("batch_graphs") is False:
+        return None
+    if shared.get("batch_graphs") is None:
+        from redlite.engine.batch_graphs import BatchGraphs
+
+        try:
+            shared["batch_graphs"] = BatchGraphs(engine.model, engine.state)
+        except Exception:  # noqa: BLE001 - any trouble: the eager batched forward serves
+            log.exception("batched decode graphs unavailable; eager batched decode")
+            shared["batch_graphs"] = False
+            return None
+    graphs = shared["batch_graphs"]
+    return graphs if graphs.use_graphs or engine.device.type == "cpu" else None
