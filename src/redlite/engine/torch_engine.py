@@ -34,6 +34,11 @@ class TorchEngine(Engine):
     ``decode_step`` and a state with a KV cache (the Llama family and the Qwen3.5 hybrid)
     unless ``REDLITE_CUDA_GRAPHS=0``; True on CPU runs the same step eagerly (tests).
     ``decode_path`` names the path in use.
+
+    A pool of sequence slots (:meth:`new_slot`, :meth:`decode_batch`; see
+    :mod:`redlite.engine.slot_pool`): every slot shares ``model`` and owns a whole state of
+    ``ctx_size`` tokens, so ``--ctx-size`` is the context of each conversation (not split by
+    ``--parallel`` as llama.cpp does) and the KV memory of N slots is N times one's.
     """
 
     def __init__(self, model, *, model_id: str = "model", ctx_size: int | None = None,
@@ -57,7 +62,7 @@ class TorchEngine(Engine):
         self.state = model.new_state(self.max_context, self.device, self.dtype)
         self.can_rewind = bool(self.state.can_truncate)
         self._token = torch.zeros(1, dtype=torch.long, device=self.device)
-        self._fingerprint: str | None = None
+        self._shared: dict[str, Any] = {"fingerprint": None}  # one per pool: every slot's model
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and os.environ.get("REDLITE_CUDA_GRAPHS", "1") != "0"
         self._use_graphs = bool(cuda_graphs and hasattr(model, "decode_step") and hasattr(self.state, "cache"))
@@ -129,6 +134,20 @@ class TorchEngine(Engine):
             self._token.fill_(token_id)
             logits = self.model(self._token, self.state)
         return logits[0].clone()
+
+    def new_slot(self) -> "TorchEngine":
+        """Another slot of this pool (see :meth:`Engine.new_slot` and
+        :func:`redlite.engine.slot_pool.new_slot`: memory and options)."""
+        from redlite.engine.slot_pool import new_slot
+
+        return new_slot(self)
+
+    def decode_batch(self, slots: Sequence[Engine], token_ids: Sequence[int]) -> list[torch.Tensor]:
+        """One forward over the slots (:meth:`Engine.decode_batch`,
+        :func:`redlite.engine.slot_pool.decode_batch`): float32 ``[vocab]`` logits per slot."""
+        from redlite.engine.slot_pool import decode_batch
+
+        return decode_batch(self, slots, token_ids)
 
     def graph_decoder(self):
         """The :class:`~redlite.engine.cuda_graphs.GraphDecoder` (built on first use), or None
@@ -378,10 +397,10 @@ class TorchEngine(Engine):
     def fingerprint(self) -> str:
         """A digest of the config, dtype and every byte of every weight
         (:func:`redlite.engine.fingerprint.weights_fingerprint`), computed once."""
-        if self._fingerprint is None:
-            self._fingerprint = weights_fingerprint(self.model.config, self.dtype,
-                                                    self.model.state_dict().items())
-        return self._fingerprint
+        if self._shared["fingerprint"] is None:
+            self._shared["fingerprint"] = weights_fingerprint(self.model.config, self.dtype,
+                                                              self.model.state_dict().items())
+        return self._shared["fingerprint"]
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

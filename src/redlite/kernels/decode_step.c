@@ -1,4 +1,5 @@
-/* One decode token of a Llama-family model in one call: every layer's norm, fused q/k/v product,
+/* One decode token of a Llama-family model (or one each of several sequences: decode_batch) in
+ * one call: every layer's norm, fused q/k/v product,
  * q/k norm, rotary, KV write, attention, o product, norm, gate/up product, silu * up, down
  * product, residual adds; then the final norm and the logits. Float32 throughout, the same
  * arithmetic as the torch layers (up to the order of float32 additions); products through
@@ -36,12 +37,15 @@ static void rms_norm(const float *x, const float *w, int n, float eps, float *y)
 
 void qmatmul_q8x(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo);
 
-static void product(const mat_t *m, const float *x, int n, float *y, int q8) {
+/* y[t] = W x[t] (+ bias) for n_tok rows; each row computed exactly as alone (qmatvec and
+ * qmatmul_q8x treat rows independently) */
+static void product(const mat_t *m, const float *x, int n_tok, int n, float *y, int q8) {
     for (int p = 0; p < m->n_parts && q8; p++) q8 = m->parts[p].fmt != F32;
-    if (q8) qmatmul_q8x(m->parts, m->n_parts, x, 1, n, y, m->rows);
-    else qmatvec(m->parts, m->n_parts, x, 1, n, y, m->rows, 0);
+    if (q8) qmatmul_q8x(m->parts, m->n_parts, x, n_tok, n, y, m->rows);
+    else qmatvec(m->parts, m->n_parts, x, n_tok, n, y, m->rows, 0);
     if (m->bias)
-        for (int i = 0; i < m->rows; i++) y[i] += m->bias[i];
+        for (int t = 0; t < n_tok; t++)
+            for (int i = 0; i < m->rows; i++) y[(int64_t)t * m->rows + i] += m->bias[i];
 }
 
 static void rotate(float *x, const float *cos, const float *sin, int rot) {
@@ -73,64 +77,99 @@ static void attend(const float *q, const float *keys, const float *values, int64
     }
 }
 
-typedef struct { const float *qkv; const float *kv; float *out, *scores; int64_t lo, pos, max_tokens; int h, g, d; }
-    head_job;
+/* one (sequence, head) attention task per index: sequence t = i / h, head i % h */
+typedef struct {
+    const float *qkv; float *const *kv; float *out, *scores;
+    const int64_t *lo, *pos, *max_tokens, *score_at;
+    int h, g, d, qkv_rows;
+} head_job;
 
 static void head_task(void *arg, int64_t begin, int64_t end) {
     const head_job *j = (const head_job *)arg;
     for (int64_t i = begin; i < end; i++) {
-        int64_t kvh = i / (j->h / j->g);
-        attend(j->qkv + i * j->d, j->kv + kvh * j->max_tokens * j->d, j->kv + (j->g + kvh) * j->max_tokens * j->d,
-               j->lo, j->pos, j->d, j->scores + i * (j->pos + 1), j->out + i * j->d);
+        int64_t t = i / j->h, head = i % j->h, kvh = head / (j->h / j->g), mt = j->max_tokens[t];
+        const float *kv = j->kv[t];
+        attend(j->qkv + t * j->qkv_rows + head * j->d, kv + kvh * mt * j->d, kv + (j->g + kvh) * mt * j->d,
+               j->lo[t], j->pos[t], j->d, j->scores + j->score_at[t] + head * (j->pos[t] + 1),
+               j->out + (t * j->h + head) * j->d);
     }
 }
 
-static void attention(const model_t *m, const layer_t *l, float *qkv, int64_t pos, float *kv, int64_t max_tokens,
+/* q/k norm, rotary and the KV write of each sequence's token, then attention of all heads of
+ * all sequences on the pool; kv[t]: layer's cache of sequence t [2, KV, max_tokens[t], D] */
+static void attention(const model_t *m, const layer_t *l, int n_tok, float *qkv, const int64_t *pos,
+                      float *const *kv, const int64_t *max_tokens, const int64_t *score_at, int64_t *lo,
                       float *out, float *scores) {
-    int h = m->n_heads, g = m->n_kv, d = m->head_dim;
-    const float *cos = m->cos + pos * m->rot_dim, *sin = m->sin + pos * m->rot_dim;
-    for (int i = 0; i < h + g; i++) {
-        float *head = qkv + i * d;
-        if (l->qk_norm) rms_norm(head, l->qk_norm + i * d, d, m->qk_eps, head);
-        rotate(head, cos, sin, m->rot_dim);
+    int h = m->n_heads, g = m->n_kv, d = m->head_dim, rows = (h + 2 * g) * d;
+    for (int t = 0; t < n_tok; t++) {
+        float *q = qkv + (int64_t)t * rows, *cache = kv[t];
+        const float *cos = m->cos + pos[t] * m->rot_dim, *sin = m->sin + pos[t] * m->rot_dim;
+        for (int i = 0; i < h + g; i++) {
+            float *head = q + i * d;
+            if (l->qk_norm) rms_norm(head, l->qk_norm + i * d, d, m->qk_eps, head);
+            rotate(head, cos, sin, m->rot_dim);
+        }
+        for (int i = 0; i < g; i++) {  /* k, v of this token into the cache at pos */
+            memcpy(cache + (i * max_tokens[t] + pos[t]) * d, q + (h + i) * d, sizeof(float) * d);
+            memcpy(cache + ((g + i) * max_tokens[t] + pos[t]) * d, q + (h + g + i) * d, sizeof(float) * d);
+        }
+        lo[t] = l->window > 0 && pos[t] + 1 > l->window ? pos[t] + 1 - l->window : 0;
     }
-    for (int i = 0; i < g; i++) {  /* k, v of this token into the cache at pos */
-        memcpy(kv + (i * max_tokens + pos) * d, qkv + (h + i) * d, sizeof(float) * d);
-        memcpy(kv + ((g + i) * max_tokens + pos) * d, qkv + (h + g + i) * d, sizeof(float) * d);
+    head_job job = {qkv, kv, out, scores, lo, pos, max_tokens, score_at, h, g, d, rows};
+    pool_run(head_task, &job, (int64_t)n_tok * h, 1);
+}
+
+/* Feed tokens[t] at position pos[t] of sequence t, for n_tok distinct sequences at once: the
+ * products take all rows in one pass over the weights; every row is computed exactly as
+ * decode_step computes it alone. kv[t]: sequence t's cache [layers, 2, KV, max_tokens[t], D];
+ * logits: [n_tok, vocab]. */
+void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int64_t *pos, float *const *kv,
+                  const int64_t *max_tokens, float *logits) {
+    int hid = m->hidden, qkv_rows = (m->n_heads + 2 * m->n_kv) * m->head_dim, att = m->n_heads * m->head_dim;
+    int64_t n_scores = 0;
+    int64_t *score_at = (int64_t *)malloc(sizeof(int64_t) * 2 * n_tok), *lo = score_at + n_tok;
+    for (int t = 0; t < n_tok; t++) { score_at[t] = n_scores; n_scores += (int64_t)m->n_heads * (pos[t] + 1); }
+    size_t row = 3 * (size_t)hid + qkv_rows + att + 3 * (size_t)m->inter;
+    float *x = (float *)malloc(sizeof(float) * (row * n_tok + n_scores));
+    float *xn = x + (size_t)hid * n_tok, *tmp = xn + (size_t)hid * n_tok, *qkv = tmp + (size_t)hid * n_tok;
+    float *ao = qkv + (size_t)qkv_rows * n_tok, *gu = ao + (size_t)att * n_tok;
+    float *act = gu + 2 * (size_t)m->inter * n_tok, *scores = act + (size_t)m->inter * n_tok;
+    float **layer_kv = (float **)malloc(sizeof(float *) * n_tok);
+    const part_t *e = m->embed;
+    if (e->fmt == F32)
+        for (int t = 0; t < n_tok; t++) memcpy(x + (size_t)t * hid, e->data + tokens[t] * e->row_bytes, sizeof(float) * hid);
+    else {
+        extern void dequant_rows(const part_t *, const int64_t *, int64_t, int, float *);
+        dequant_rows(e, tokens, n_tok, hid, x);
     }
-    head_job job = {qkv, kv, out, scores, l->window > 0 && pos + 1 > l->window ? pos + 1 - l->window : 0, pos,
-                    max_tokens, h, g, d};
-    pool_run(head_task, &job, h, 1);
+    for (int i = 0; i < m->n_layers; i++) {
+        const layer_t *l = m->layers + i;
+        for (int t = 0; t < n_tok; t++) {
+            rms_norm(x + (size_t)t * hid, l->attn_norm, hid, m->eps, xn + (size_t)t * hid);
+            layer_kv[t] = kv[t] + i * 2 * (int64_t)m->n_kv * max_tokens[t] * m->head_dim;
+        }
+        product(&l->qkv, xn, n_tok, hid, qkv, m->q8);
+        attention(m, l, n_tok, qkv, pos, layer_kv, max_tokens, score_at, lo, ao, scores);
+        product(&l->o, ao, n_tok, att, tmp, m->q8);
+        for (size_t j = 0; j < (size_t)hid * n_tok; j++) x[j] += tmp[j];
+        for (int t = 0; t < n_tok; t++) rms_norm(x + (size_t)t * hid, l->ffn_norm, hid, m->eps, xn + (size_t)t * hid);
+        product(&l->gate_up, xn, n_tok, hid, gu, m->q8);
+        for (int t = 0; t < n_tok; t++) {
+            const float *g = gu + (size_t)t * 2 * m->inter;
+            float *a = act + (size_t)t * m->inter;
+            for (int j = 0; j < m->inter; j++) a[j] = g[j] / (1.f + expf(-g[j])) * g[m->inter + j];
+        }
+        product(&l->down, act, n_tok, m->inter, tmp, m->q8);
+        for (size_t j = 0; j < (size_t)hid * n_tok; j++) x[j] += tmp[j];
+    }
+    for (int t = 0; t < n_tok; t++) rms_norm(x + (size_t)t * hid, m->final_norm, hid, m->eps, xn + (size_t)t * hid);
+    product(&m->lm_head, xn, n_tok, hid, logits, m->q8);
+    free(layer_kv);
+    free(x);
+    free(score_at);
 }
 
 /* Feed `token` at position `pos`; kv: the cache [layers, 2, KV, max_tokens, D]; logits: [vocab]. */
 void decode_step(const model_t *m, int64_t token, int64_t pos, float *kv, int64_t max_tokens, float *logits) {
-    int hid = m->hidden, qkv_rows = (m->n_heads + 2 * m->n_kv) * m->head_dim, att = m->n_heads * m->head_dim;
-    size_t floats = 3 * (size_t)hid + qkv_rows + att + 3 * (size_t)m->inter + (size_t)m->n_heads * (pos + 1);
-    float *x = (float *)malloc(sizeof(float) * floats);
-    float *xn = x + hid, *tmp = xn + hid, *qkv = tmp + hid, *ao = qkv + qkv_rows, *gu = ao + att;
-    float *act = gu + 2 * m->inter, *scores = act + m->inter;
-    const part_t *e = m->embed;
-    if (e->fmt == F32) memcpy(x, e->data + token * e->row_bytes, sizeof(float) * hid);
-    else {
-        extern void dequant_rows(const part_t *, const int64_t *, int64_t, int, float *);
-        dequant_rows(e, &token, 1, hid, x);
-    }
-    int64_t layer_floats = 2 * (int64_t)m->n_kv * max_tokens * m->head_dim;
-    for (int i = 0; i < m->n_layers; i++) {
-        const layer_t *l = m->layers + i;
-        rms_norm(x, l->attn_norm, hid, m->eps, xn);
-        product(&l->qkv, xn, hid, qkv, m->q8);
-        attention(m, l, qkv, pos, kv + i * layer_floats, max_tokens, ao, scores);
-        product(&l->o, ao, att, tmp, m->q8);
-        for (int j = 0; j < hid; j++) x[j] += tmp[j];
-        rms_norm(x, l->ffn_norm, hid, m->eps, xn);
-        product(&l->gate_up, xn, hid, gu, m->q8);
-        for (int j = 0; j < m->inter; j++) { float a = gu[j]; act[j] = a / (1.f + expf(-a)) * gu[m->inter + j]; }
-        product(&l->down, act, m->inter, tmp, m->q8);
-        for (int j = 0; j < hid; j++) x[j] += tmp[j];
-    }
-    rms_norm(x, m->final_norm, hid, m->eps, xn);
-    product(&m->lm_head, xn, hid, logits, m->q8);
-    free(x);
+    decode_batch(m, 1, &token, &pos, &kv, &max_tokens, logits);
 }

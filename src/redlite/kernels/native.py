@@ -130,6 +130,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.qmatmul_q8x.restype = None
     lib.decode_step.argtypes = [vp, i64, i64, vp, i64, vp]
     lib.decode_step.restype = None
+    lib.decode_batch.argtypes = [vp, i, vp, vp, vp, vp, vp]
+    lib.decode_batch.restype = None
     lib.dequant_parts.argtypes = [p, i, i, vp]
     lib.dequant_parts.restype = None
     lib.dequant_rows.argtypes = [p, vp, i64, i, vp]

@@ -102,6 +102,26 @@ class FusedDecode:
                              state.max_tokens, logits.data_ptr())
         return logits
 
+    def batch(self, tokens: list[int], states: list) -> torch.Tensor:
+        """Logits float32 [B, vocab] of ``tokens[b]`` fed at ``states[b].n_past`` for B distinct
+        states in one C call (``decode_batch``): each row bitwise equal to :meth:`__call__`
+        of that token alone (every product treats its rows independently). The caches are
+        written; the ``n_past`` values are left to the caller."""
+        n = len(tokens)
+        caches = [state.cache.data for state in states]
+        if any(c.dtype != torch.float32 or c.device.type != "cpu" or not c.is_contiguous() for c in caches):
+            raise ValueError("the fused decode step needs contiguous float32 CPU caches")
+        cos, sin = self.model.rotary.get(0, max(state.max_tokens for state in states))
+        self.struct.cos, self.struct.sin = cos.data_ptr(), sin.data_ptr()
+        ids = torch.tensor(tokens, dtype=torch.int64)
+        pos = torch.tensor([state.n_past for state in states], dtype=torch.int64)
+        sizes = torch.tensor([state.max_tokens for state in states], dtype=torch.int64)
+        pointers = torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64)
+        logits = torch.empty(n, self.struct.vocab, dtype=torch.float32)
+        self.lib.decode_batch(ctypes.byref(self.struct), n, ids.data_ptr(), pos.data_ptr(), pointers.data_ptr(),
+                              sizes.data_ptr(), logits.data_ptr())
+        return logits
+
     def _ptr(self, tensor: torch.Tensor | None) -> int | None:
         if tensor is None:
             return None

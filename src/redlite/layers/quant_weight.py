@@ -98,15 +98,17 @@ class QuantWeight(nn.Module):
     def dtype(self) -> torch.dtype:
         return torch.float32
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, dense=None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None, dense=None,
+               rows_alone: bool = False) -> torch.Tensor:
         """``x @ W.T (+ bias)``: ``x`` [T, in] -> new [T, out] in x's dtype (computed in
         float32). ``dense``: the dense linear function for the dequantized path (default
-        ``F.linear``)."""
+        ``F.linear``). ``rows_alone``: the small-batch kernel whatever T, so each row is
+        bitwise what it is alone (the rows of a batched decode step)."""
         if x.dtype != torch.float32:
             bias = None if bias is None else bias.float()
-            return self.linear(x.float(), bias, dense).to(x.dtype)
+            return self.linear(x.float(), bias, dense, rows_alone).to(x.dtype)
         n_tok = x.shape[0]
-        if n_tok > SMALL_BATCH:
+        if n_tok > SMALL_BATCH and not rows_alone:
             weight = self.dequantize()
             if dense is None:
                 return torch.nn.functional.linear(x, weight, bias)

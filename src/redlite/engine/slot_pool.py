@@ -1,0 +1,107 @@
+"""The torch engine as a pool of sequence slots: :func:`new_slot` and :func:`decode_batch`
+behind :meth:`TorchEngine.new_slot <redlite.engine.torch_engine.TorchEngine.new_slot>` and
+:meth:`TorchEngine.decode_batch <redlite.engine.torch_engine.TorchEngine.decode_batch>`.
+
+Memory: a slot is a :class:`~redlite.engine.torch_engine.TorchEngine` over the same model
+object (weights are never copied) with its own :class:`~redlite.models.base.ModelState`: a
+fixed KV region of ``ctx_size`` tokens (``[layers, 2, Hkv, ctx_size, D]``, allocated
+uninitialised when the slot is made) plus, for the hybrid, its fixed-size conv/recurrent
+states. Why fixed regions rather than pages: a slot is then exactly a single-sequence engine
+(snapshots, token ranges, checkpoints, parking and the CUDA-graph path need no change, and a
+parked conversation restores into any slot); attention reads one contiguous cache per
+sequence; on CPU untouched pages of ``torch.empty`` cost no memory, so a slot costs what its
+tokens fill. The price is on CUDA, where the whole region is reserved: N slots take N times
+one slot's KV (``ctx_size x`` the per-token bytes), so size ``--ctx-size`` per conversation
+with ``--parallel`` in mind (llama.cpp instead splits its ``--ctx-size`` among ``--parallel``
+slots; here ``--ctx-size`` stays what each conversation may hold).
+
+A slot made on CUDA keeps its own CUDA-graph decoder for its single-sequence decode (built on
+its first lone decode); :func:`decode_batch` of one slot is that slot's own decode, of two or
+more one batched step: replayed from a graph per set of slots
+(:class:`~redlite.engine.batch_graphs.BatchGraphs`, when the engine decodes through graphs),
+else eager (:func:`redlite.models.batch_decode.forward_batch`). On CPU with ``cuda_graphs``
+True the graph step runs eagerly (tests), as the single-sequence one does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+
+from redlite.engine.base import Engine, EngineError
+
+log = logging.getLogger("redlite.engine")
+
+
+def new_slot(engine) -> "Engine":
+    """A :class:`~redlite.engine.torch_engine.TorchEngine` sharing ``engine``'s model,
+    device, dtype, ``ctx_size``, prefill chunk, decode path and fingerprint, with a fresh empty
+    state (see the module docstring for its memory). Raises :class:`EngineError` when the state
+    cannot be allocated (out of memory)."""
+    from redlite.engine.torch_engine import TorchEngine
+
+    try:
+        slot = TorchEngine(engine.model, model_id=engine.model_id, ctx_size=engine.max_context,
+                           device=engine.device, dtype=engine.dtype, prefill_chunk=engine.prefill_chunk,
+                           cuda_graphs=engine._use_graphs)
+    except torch.OutOfMemoryError as err:
+        raise EngineError(f"no memory for another slot of {engine.max_context} tokens: {err}") from err
+    slot._shared = engine._shared
+    return slot
+
+
+def decode_batch(engine, slots: Sequence[Engine], token_ids: Sequence[int]) -> list[torch.Tensor]:
+    """Feed ``token_ids[i]`` to ``slots[i]`` (distinct slots of ``engine``'s pool) in one
+    forward pass; return float32 logits ``[vocab]`` per slot, each what
+    ``slots[i].decode(token_ids[i])`` returns alone (bitwise for quantized CPU weights, to
+    float rounding for dense ones: see :mod:`redlite.models.batch_decode`). Raises
+    :class:`EngineError`, before changing any state, for a slot of another pool, a repeated
+    slot, a count mismatch, an id out of range or a full context."""
+    from redlite.models.batch_decode import forward_batch, supports_batch
+
+    if len(slots) != len(token_ids):
+        raise EngineError(f"{len(slots)} slots but {len(token_ids)} tokens")
+    if len({id(slot) for slot in slots}) != len(slots):
+        raise EngineError("decode_batch needs distinct slots")
+    for slot, token_id in zip(slots, token_ids):
+        if getattr(slot, "_shared", None) is not engine._shared:
+            raise EngineError("decode_batch takes slots of this engine's pool only")
+        if slot.n_past >= slot.max_context:
+            raise EngineError(f"context overflow: ctx_size {slot.max_context} tokens held")
+        if not 0 <= int(token_id) < engine.vocab_size:
+            raise EngineError(f"token id {token_id} out of range [0, {engine.vocab_size})")
+    if len(slots) <= 1 or not supports_batch(engine.model):
+        return [slot.decode(int(token_id)) for slot, token_id in zip(slots, token_ids)]
+    ids, states = [int(t) for t in token_ids], [slot.state for slot in slots]
+    with torch.inference_mode():
+        graphs = batch_graphs(engine)
+        if graphs is None:
+            logits = forward_batch(engine.model, ids, states)
+        else:
+            logits = graphs.step(states, ids)
+            for state in states:
+                state.n_past += 1
+    return [row.clone() for row in logits]  # normal tensors (not inference ones), as decode gives
+
+
+def batch_graphs(engine):
+    """The pool's :class:`~redlite.engine.batch_graphs.BatchGraphs` (built on first use) when
+    the engine decodes through graphs (``cuda_graphs``) and the model has a batched step; else
+    None (eager :func:`~redlite.models.batch_decode.forward_batch`). A build failure is
+    logged and the pool decodes eagerly from then on."""
+    shared = engine._shared
+    if not engine._use_graphs or shared.get("batch_graphs") is False:
+        return None
+    if shared.get("batch_graphs") is None:
+        from redlite.engine.batch_graphs import BatchGraphs
+
+        try:
+            shared["batch_graphs"] = BatchGraphs(engine.model, engine.state)
+        except Exception:  # noqa: BLE001 - any trouble: the eager batched forward serves
+            log.exception("batched decode graphs unavailable; eager batched decode")
+            shared["batch_graphs"] = False
+            return None
+    graphs = shared["batch_graphs"]
+    return graphs if graphs.use_graphs or engine.device.type == "cpu" else None

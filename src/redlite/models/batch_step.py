@@ -1,0 +1,87 @@
+"""The graph-capturable decode step of B sequences at once (the batched counterpart of the
+models' ``decode_step``; replayed by :class:`redlite.engine.batch_graphs.BatchGraphs`).
+
+Tokens and positions are device tensors ``[B]`` (no host reads, no allocation that depends
+on a position), so one captured CUDA graph serves every later step of the same B states. The
+products of all B rows are one ``[B, in]`` matrix product each (cuBLAS on CUDA: the weights
+are read once per step); the work that belongs to one sequence runs per row through the
+decode ops of the single-sequence step (:mod:`redlite.layers.decode_ops`): q/k norm, rotary,
+the KV write and attention over that sequence's own cache (``rope_attend`` /
+``gated_rope_attend``), and for the Qwen3.5 hybrid the Gated DeltaNet step over its own conv
+and recurrent states (``gdn_step``) and mixture-of-experts routing (``moe``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from redlite.layers.linear import embedding
+from redlite.layers.norm import rms_norm, zero_centered_rms_norm
+from redlite.models.batch_decode import batch_linear, swiglu_batch
+from redlite.models.qwen3_5_config import LINEAR
+
+
+def batch_decode_step(model, tokens: torch.Tensor, pos: torch.Tensor, states: Sequence, span: int,
+                      ops) -> torch.Tensor:
+    """Feed ``tokens[b]`` (LongTensor [B] on the model's device) at ``pos[b]`` (LongTensor
+    [B], sequence b's ``n_past``) of ``states[b]`` (B distinct states of ``model``, all with
+    the same ``max_tokens``). ``span``: cache rows the torch ops may read (``> max(pos)``;
+    ignored by ops with ``length_from_pos``). Writes each token's keys/values (and, for the
+    hybrid, updates the conv/recurrent states in place); ``n_past`` is left to the caller.
+    Returns float32 logits ``[B, vocab]``."""
+    from redlite.models.llama import LlamaModel
+
+    if isinstance(model, LlamaModel):
+        return _llama_step(model, tokens, pos, states, span, ops)
+    return _qwen3_5_step(model, tokens, pos, states, span, ops)
+
+
+def _llama_step(model, tokens, pos, states, span, ops) -> torch.Tensor:
+    x = embedding(tokens, model.embed_weight)  # [B, hidden], updated in place
+    cos, sin = model.rotary.get(0, states[0].max_tokens, x.device, x.dtype)
+    n = x.shape[0]
+    for i, layer in enumerate(model.layers):
+        attn, norm = layer.attn, layer.input_norm
+        qkv = batch_linear(attn.linear, rms_norm(x, norm.weight, norm.eps), attn.qkv_weight, attn.qkv_bias)
+        out = torch.cat([attn.decode_attend(qkv[b:b + 1], pos[b:b + 1], cos, sin, state.cache.keys[i],
+                                            state.cache.values[i], span, ops)
+                         for b, state in enumerate(states)]).view(n, -1)
+        x.add_(batch_linear(attn.linear, out, attn.o_weight, attn.o_bias))
+        x.add_(swiglu_batch(layer.mlp, rms_norm(x, layer.post_norm.weight, layer.post_norm.eps)))
+    x = rms_norm(x, model.norm.weight, model.norm.eps)
+    return batch_linear(model.linear, x, model.lm_head_weight, None).float()
+
+
+def _qwen3_5_step(model, tokens, pos, states, span, ops) -> torch.Tensor:
+    x = torch.nn.functional.embedding(tokens, model.embed_weight)
+    cos, sin = model.rotary.get(0, states[0].max_tokens, x.device, x.dtype)
+    n = x.shape[0]
+    for i, layer in enumerate(model.layers):
+        norm = layer.input_layernorm
+        h = zero_centered_rms_norm(x, norm.weight, norm.eps)
+        if layer.layer_type == LINEAR:
+            mixer = layer.linear_attn
+            proj = batch_linear(mixer.linear, h, mixer.in_proj_weight, None)
+            out = torch.cat([ops.gdn_step(proj[b:b + 1], state.conv[i], state.recurrent[i], mixer)
+                             for b, state in enumerate(states)]).view(n, -1)
+            x.add_(batch_linear(mixer.linear, out, mixer.out_weight, None))
+        else:
+            attn = layer.self_attn
+            qkv = batch_linear(attn.linear, h, attn.qkv_weight, attn.qkv_bias)
+            slot = states[0].kv_slot[i]
+            out = torch.cat([ops.gated_rope_attend(qkv[b:b + 1], pos[b:b + 1], cos, sin, attn.q_norm_weight,
+                                                   attn.k_norm_weight, attn.eps, state.cache.keys[slot],
+                                                   state.cache.values[slot], attn.n_heads, attn.n_kv_heads,
+                                                   attn.head_dim, span)
+                             for b, state in enumerate(states)]).view(n, -1)
+            x.add_(batch_linear(attn.linear, out, attn.o_weight, attn.o_bias))
+        post, mlp = layer.post_attention_layernorm, layer.mlp
+        if layer.moe:
+            for b in range(n):  # routing per token, through the single-token path
+                ops.moe(x[b:b + 1], post.weight, post.eps, mlp, zero_centered=True)
+            continue
+        x.add_(swiglu_batch(mlp, zero_centered_rms_norm(x, post.weight, post.eps)))
+    x = zero_centered_rms_norm(x, model.norm.weight, model.norm.eps)
+    return batch_linear(model.linear, x, model.lm_head_weight, None).float()
