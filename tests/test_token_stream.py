@@ -364,3 +364,36 @@ def test_gpu_hybrid_undo_and_warmup():
     stream.undo()
     assert engine.n_past == len(held)
     torch.testing.assert_close(engine.prefill([5, 6]), eager.prefill(held + [5, 6]), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_failed_sampling_capture_falls_back_and_leaves_cuda_usable(monkeypatch):
+    # a sampling step that reads on the host cannot be captured: the decoder must fall back to
+    # sampling after the logits graph with the same output, and leave the default generator and
+    # the current stream as they were
+    from redlite.engine import cuda_graphs
+
+    model = tiny_llama(seed=5).to("cuda")
+    params = SamplingParams(seed=9, top_p=0.9)
+    want = run(Generator(TorchEngine(model, ctx_size=512, device="cuda"), tok), chat("x"),
+               max_tokens=16, sampling=params)[1].answer_ids
+    real = cuda_graphs.sample_into
+
+    def host_reading(logits, out, mode, state):
+        real(logits, out, mode, state)
+        if torch.cuda.is_current_stream_capturing():
+            int(out[0])  # a host read: the capture fails
+    monkeypatch.setattr(cuda_graphs, "sample_into", host_reading)
+    stream = torch.cuda.current_stream()
+    engine = TorchEngine(model, ctx_size=512, device="cuda")
+    decoder = engine.graph_decoder()
+    with torch.inference_mode():
+        decoder.capture_all()
+    assert decoder._eager_sampling == {GREEDY, SAMPLE} and torch.cuda.current_stream() == stream
+    torch.cuda.manual_seed(1)
+    a = torch.randn(8, device="cuda")
+    torch.cuda.manual_seed(1)
+    assert torch.equal(a, torch.randn(8, device="cuda"))  # the generator still works
+    got = run(Generator(engine, tok), chat("x"), max_tokens=16, sampling=params)[1].answer_ids
+    assert got == want

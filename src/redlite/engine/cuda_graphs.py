@@ -35,6 +35,7 @@ import logging
 import torch
 
 from redlite.engine.device_sampling import GREEDY, SAMPLE, DeviceSampling, sample_into
+from redlite.engine.graph_capture import capture_graph
 from redlite.layers.decode_ops import TorchDecodeOps, decode_ops
 
 LOGITS = "logits"  # the graph mode whose step returns logits (the host samples)
@@ -217,8 +218,6 @@ class GraphDecoder:
         self.sampling.ints.copy_(counter)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self._body(span, mode)
+        graph, out = capture_graph(lambda: self._body(span, mode), self.device, self._pool)
         self._graphs[(span, mode)] = (graph, out)
         return graph, out

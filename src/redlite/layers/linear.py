@@ -26,6 +26,8 @@ LinearFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.T
 
 
 def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if not x.is_cpu:  # a model built on the CPU, then moved (``.to("cuda")``)
+        return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
