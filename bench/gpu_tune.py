@@ -143,7 +143,7 @@ def gemv_sweep(bw: float, save: str | None = None) -> dict:
     print("GEMV_CONFIGS = {" + ", ".join(f"{key}: {value}" for key, value in best.items()) + "}", flush=True)
     if save:
         Path(save).write_text(json.dumps({",".join(map(str, key)): value for key, value in best.items()}))
-        print(f"saved to {save} (use with REDLITE_GEMV_CONFIGS={save})", flush=True)
+        print(f"saved to {save} (use with redlite serve --gemv-configs {save})", flush=True)
     return best
 
 

@@ -194,11 +194,13 @@ def test_second_resolve_uses_the_cache(converted_dir: Path, bundled_gguf: Path, 
 
 
 @pytest.mark.model
-def test_cache_dir_from_environment(
-    converted_dir: Path, bundled_gguf: Path, loading_cache_root: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("REDLITE_CACHE_DIR", str(loading_cache_root))
-    assert resolve_model_dir(bundled_gguf) == converted_dir
+def test_load_engine_converts_into_the_given_cache_dir(bundled_gguf: Path, tmp_path: Path) -> None:
+    """``--cache-dir`` reaches the loader (``load_engine(cache_dir=...)``): the conversion lands there."""
+    from redlite.engine.factory import load_engine
+
+    engine, _ = load_engine(str(bundled_gguf), ctx_size=64, device="cpu", cache_dir=str(tmp_path))
+    converted = [p for p in (tmp_path / "gguf").iterdir() if not p.name.startswith(".")]
+    assert engine.max_context == 64 and len(converted) == 1 and (converted[0] / "config.json").is_file()
 
 
 @pytest.mark.model

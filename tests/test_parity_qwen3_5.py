@@ -374,7 +374,7 @@ def _cuda_with_fla() -> bool:
 
 
 needs_cuda_fla = pytest.mark.skipif(
-    not _cuda_with_fla(), reason="needs CUDA and flash-linear-attention (not installed, or REDLITE_NO_FLA set)")
+    not _cuda_with_fla(), reason="needs CUDA and flash-linear-attention (not installed)")
 
 
 @pytest.fixture(scope="module")

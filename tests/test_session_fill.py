@@ -81,3 +81,44 @@ def test_fill_checks_targets_and_reads_strided_views(tmp_path):
     with pytest.raises(SessionFileError) as info:
         open_state_file(tmp_path / "f", expected)
     assert info.value.reason == "truncated"
+
+
+def test_fill_in_small_batches_with_an_offset_view_and_a_corrupt_byte(tmp_path, monkeypatch):
+    """Many scatter reads (a batch limit smaller than a block, so blocks are cut and batches
+    span several blocks) into a view that starts inside its storage; then one flipped data byte
+    is refused by the checksum the hashing thread computed."""
+    from redlite.core import session_read
+    from redlite.core.parking import ParkedEntry
+    from redlite.engine.base import StateSnapshot
+
+    monkeypatch.setattr(session_read, "READ_CHUNK", 56)  # bytes: blocks are 5*4*4 = 80 bytes
+    kv = torch.randn(2, 2, 3, 5, 4)
+    expected = Expected("fp", "float32", "torch")
+    meta, tensors = entry_to_file(ParkedEntry("k", [1] * 5, StateSnapshot(5, {"kv": kv}, {}, "torch")),
+                                  expected)
+    path = tmp_path / "f"
+    write_state_file(path, meta, tensors)
+    big = torch.zeros(3, 2, 2, 3, 9, 4)
+    target = big[1][:, :, :, 2:7]  # storage offset > 0, strided
+    open_state_file(path, expected).fill({"state.kv": target})
+    assert torch.equal(target, kv) and big[0].abs().sum() == 0 and big[2].abs().sum() == 0
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(SessionFileError) as info:
+        open_state_file(path, expected).fill({"state.kv": target})
+    assert info.value.reason == "checksum"
+
+
+def test_read_batch_refuses_a_short_file(tmp_path):
+    from redlite.core.session_read import _read_batch
+
+    path = tmp_path / "short"
+    path.write_bytes(bytes(range(10)))
+    a, b = bytearray(4), bytearray(4)
+    with open(path, "rb") as f:
+        assert _read_batch(f.fileno(), [memoryview(a), memoryview(b)], 1) == 8
+        assert bytes(a + b) == bytes(range(1, 9))
+        with pytest.raises(SessionFileError) as info:
+            _read_batch(f.fileno(), [memoryview(a), memoryview(b)], 5)
+    assert info.value.reason == "truncated"

@@ -10,8 +10,12 @@ import sys
 import time
 
 from redlite import __version__
+from redlite.engine.kernel_options import add_kernel_options
 
 log = logging.getLogger("redlite")
+
+#: the environment variable giving ``--cache-dir``'s default (read here only, at the command line)
+CACHE_DIR_ENV = "REDLITE_CACHE_DIR"
 
 
 def process_age_s() -> float:
@@ -130,6 +134,10 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", default="text", choices=["text", "json"],
                        help="log lines as text or as JSON objects (one per line)")
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    parser.add_argument("--cache-dir", default=os.environ.get(CACHE_DIR_ENV) or None, metavar="PATH",
+                        help=f"where GGUF files are converted to once (default: ${CACHE_DIR_ENV} "
+                             "when set, else ~/.cache/redlite)")
+    add_kernel_options(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,6 +31,7 @@ VERSION = 2
 READ_VERSIONS = (1, 2)  # version 2 adds the optional ``session`` and ``replay`` keys
 MAX_HEADER_BYTES = 100 << 20
 WRITE_CHUNK = 8 << 20  # bytes per write (one huge write measured slower than 8 MiB ones)
+READ_CHUNK = 8 << 20  # bytes per read into the engine's memory
 
 _NUMPY_CODES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
                 "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,

@@ -7,7 +7,8 @@ memory-mapped (private, copy-on-write) and the tensors are views of the mapping:
 Python, and the checksum pass runs over the mapped pages (:meth:`StateFile.verify`, or in a
 background thread with :meth:`StateFile.start_verify`, so that copying the tensors into the
 engine and verifying them proceed together at the disk's speed), or the data are read straight
-into the engine's buffers and hashed block by block (:meth:`StateFile.fill`). torch is imported
+into the engine's buffers (scatter reads of up to ``READ_CHUNK`` bytes) while a thread hashes
+the previous batch (:meth:`StateFile.fill`). torch is imported
 only for ``tensor_format == "torch"`` files.
 """
 
@@ -24,9 +25,9 @@ from typing import Any
 import numpy as np
 
 from redlite.core.session_format import (_ITEM_BYTES, _NUMPY_CODES, _TORCH_CODES, MAX_HEADER_BYTES,
-                                         WRITE_CHUNK, Expected, SessionFileError, canonical_header,
+                                         READ_CHUNK, Expected, SessionFileError, canonical_header,
                                          check_compatible, parse_header)
-from redlite.core.session_hash import Hasher, checksum_of
+from redlite.core.session_hash import Hasher, HashWorker, checksum_of
 
 
 @dataclass
@@ -61,8 +62,8 @@ class StateFile:
     def fill(self, targets: dict[str, Any]) -> dict[str, Any]:
         """Read the data section straight into ``targets`` (name -> writable CPU torch tensor
         of that file tensor's shape and dtype, any strides: e.g. views of an engine's cache)
-        and verify the checksum over the whole file in the same pass (each block hashed just
-        after it is read). Tensors without a target are hashed from the mapping. Returns the
+        and verify the checksum over the whole file in the same pass (each batch of blocks hashed
+        by a thread while the next is read). Tensors without a target are hashed from the mapping. Returns the
         tensors with the targets in place of the mapped views. Raises SessionFileError
         (``checksum``, ``io``, or ``corrupt-header`` for a target that does not fit)."""
         self._fill(targets)
@@ -149,9 +150,7 @@ def open_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
 
     def fill(targets: dict[str, Any]) -> None:
         legacy = isinstance(stored, str) and stored.startswith("crc32:")
-        # each block hashed right after it is read, while it is in the CPU cache (measured
-        # faster than a hashing thread on the 2-core development machine)
-        hasher = Hasher(canonical, legacy)
+        hasher = HashWorker(Hasher(canonical, legacy))  # hashes a batch while the next is read
         order = sorted(entries.items(), key=lambda item: item[1]["data_offsets"][0])
         try:
             with open(path, "rb", buffering=0) as f:
@@ -161,19 +160,18 @@ def open_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
                     begin, end = (base + o for o in entry["data_offsets"])
                     target = targets.get(name)
                     if target is None:
-                        hasher.update(memoryview(mapped)[begin:end])
+                        hasher.put(memoryview(mapped)[begin:end])
                         continue
                     _check_target(name, target, entry)
-                    f.seek(begin)
-                    for block in _blocks(target):
-                        for at in range(0, len(block), WRITE_CHUNK):
-                            piece = block[at:at + WRITE_CHUNK]
-                            if _read_into(f, piece) != len(piece):
-                                raise SessionFileError("truncated", "short read")
-                            hasher.update(piece)
-        except OSError as error:
-            raise SessionFileError("io", str(error)) from None
-        computed = hasher.hexdigest()
+                    for batch in _batches(_blocks(target), READ_CHUNK):
+                        begin += _read_batch(f.fileno(), batch, begin)
+                        hasher.put(*batch)
+        except BaseException as error:
+            hasher.stop()
+            if isinstance(error, OSError):
+                raise SessionFileError("io", str(error)) from None
+            raise
+        computed = hasher.finish()
         if stored != computed:
             raise SessionFileError("checksum", f"stored {stored}, computed {computed}")
 
@@ -196,33 +194,63 @@ def _check_target(name: str, target: Any, entry: dict[str, Any]) -> None:
 
 def _blocks(target: Any):
     """Writable byte views of ``target``'s contiguous blocks, in row-major order (the file's
-    order): the trailing dimensions that are contiguous form one block."""
+    order): the trailing dimensions that are contiguous form one block. Views of one byte view
+    of the whole storage, so a block costs a slice, not a tensor."""
     import itertools
 
     import torch
 
     shape, strides = list(target.shape), list(target.stride())
-    k, expected = len(shape), 1
-    while k > 0 and (shape[k - 1] == 1 or strides[k - 1] == expected):
-        expected *= shape[k - 1]
+    k, per_block = len(shape), 1
+    while k > 0 and (shape[k - 1] == 1 or strides[k - 1] == per_block):
+        per_block *= shape[k - 1]
         k -= 1
     if target.numel() == 0:
         return
+    item = target.element_size()
+    storage = torch.empty(0, dtype=torch.uint8, device="cpu").set_(target.untyped_storage())
+    whole = memoryview(storage.numpy())
+    length = per_block * item
     for index in itertools.product(*(range(n) for n in shape[:k])):
-        block = target[index] if index else target
-        assert block.is_contiguous()  # a view, so reading into it fills the target
-        yield memoryview(block.reshape(-1).view(torch.uint8).numpy())
+        start = (target.storage_offset() + sum(i * s for i, s in zip(index, strides))) * item
+        yield whole[start:start + length]
 
 
-def _read_into(f, view: memoryview) -> int:
-    """Fill ``view`` from ``f``; returns the bytes read (less at end of file)."""
-    got = 0
-    while got < len(view):
-        n = f.readinto(view[got:])
-        if not n:
-            break
-        got += n
-    return got
+def _batches(blocks, limit: int):
+    """Lists of consecutive pieces of ``blocks`` (byte views) of at most ``limit`` bytes in all
+    (a block over ``limit`` is cut), in order."""
+    batch, total = [], 0
+    for block in blocks:
+        for at in range(0, len(block), limit):
+            piece = block[at:at + limit]
+            if batch and total + len(piece) > limit:
+                yield batch
+                batch, total = [], 0
+            batch.append(piece)
+            total += len(piece)
+    if batch:
+        yield batch
+
+
+def _read_batch(fd: int, pieces: list, offset: int) -> int:
+    """Fill ``pieces`` in order from ``fd`` at ``offset`` (one scatter read, ``preadv``, and
+    more calls only after a short one). Returns the bytes read; raises SessionFileError
+    (``truncated``) at end of file."""
+    total = sum(len(p) for p in pieces)
+    done = os.preadv(fd, pieces, offset)
+    while done < total:  # a short read: continue from the byte it stopped at
+        skip, rest = done, []
+        for p in pieces:
+            if skip >= len(p):
+                skip -= len(p)
+                continue
+            rest.append(p[skip:])
+            skip = 0
+        n = os.preadv(fd, rest, offset + done)
+        if n <= 0:
+            raise SessionFileError("truncated", "short read")
+        done += n
+    return total
 
 
 def _array(data: Any, begin: int, end: int, code: str, shape: list[int], tensor_format: str) -> Any:

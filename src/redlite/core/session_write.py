@@ -87,7 +87,7 @@ def write_state_file(path: str | os.PathLike, meta: dict[str, Any], tensors: dic
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        hasher.finish()
+        hasher.stop()
         try:
             os.unlink(tmp)
         except OSError:

@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from redlite.engine.cuda_graphs import bucket_spans, choose_span
+from redlite.engine.kernel_options import KernelOptions
 from redlite.layers.decode_ops import TorchDecodeOps, decode_ops
 from redlite.models.batch_step import batch_decode_step
 
@@ -36,16 +37,18 @@ class BatchGraphs:
     ``use_graphs``: None captures on CUDA and runs the step eagerly elsewhere (tests).
     ``ops``: the per-sequence decode ops (default :func:`decode_ops` for the model's device,
     dtype and head size). ``capture_after``: consecutive steps of one set before it is
-    captured; ``max_graphs``: graphs kept. Attributes ``n_graphs``, ``captures`` (count so
+    captured; ``max_graphs``: graphs kept; ``kernels``: the kernel options the default ops follow. Attributes ``n_graphs``, ``captures`` (count so
     far), ``ops``, ``use_graphs``.
     """
 
     def __init__(self, model, template_state, use_graphs: bool | None = None, ops: TorchDecodeOps | None = None,
-                 capture_after: int = 3, max_graphs: int = 8):
+                 capture_after: int = 3, max_graphs: int = 8, kernels: KernelOptions | None = None):
         cache = template_state.cache.data
         self.model, self.device, self.dtype = model, cache.device, cache.dtype
         self.max_tokens = template_state.max_tokens
-        self.ops = ops or decode_ops(self.device, self.dtype, cache.shape[-1], cache.shape[2], model.linear)
+        kernels = kernels or KernelOptions()
+        self.ops = ops or decode_ops(self.device, self.dtype, cache.shape[-1], cache.shape[2], model.linear,
+                                     triton=kernels.triton, pdl=kernels.pdl, gemv_configs=kernels.gemv_configs)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
         self.spans = [self.max_tokens] if self.ops.length_from_pos else bucket_spans(self.max_tokens)
         self.capture_after, self.max_graphs = max(1, int(capture_after)), max(1, int(max_graphs))

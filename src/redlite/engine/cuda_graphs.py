@@ -36,6 +36,7 @@ import torch
 
 from redlite.engine.device_sampling import GREEDY, SAMPLE, DeviceSampling, sample_into
 from redlite.engine.graph_capture import capture_graph
+from redlite.engine.kernel_options import KernelOptions
 from redlite.layers.decode_ops import TorchDecodeOps, decode_ops
 
 LOGITS = "logits"  # the graph mode whose step returns logits (the host samples)
@@ -72,16 +73,20 @@ class GraphDecoder:
 
     ``use_graphs``: None captures graphs on CUDA and runs eagerly elsewhere. ``ops``: the
     decode ops (default: :func:`~redlite.layers.decode_ops.decode_ops` for the cache's
-    device, dtype and head size). Attributes: ``spans`` (ascending ints), ``ops``,
+    device, dtype and head size, with ``kernels``' Triton, PDL and GEMV settings). Attributes: ``spans`` (ascending ints), ``ops``,
     ``use_graphs``, ``n_graphs`` (graphs captured so far), ``token`` (int64 [1] device
     tensor: the id the next step feeds), ``sampling`` (the device sampling settings).
     """
 
-    def __init__(self, model, state, use_graphs: bool | None = None, ops: TorchDecodeOps | None = None):
+    def __init__(self, model, state, use_graphs: bool | None = None, ops: TorchDecodeOps | None = None,
+                 kernels: KernelOptions | None = None):
         cache = state.cache.data  # [n_layers, 2, n_kv_heads, max_tokens, head_dim]
         self.model, self.state = model, state
         self.device, self.dtype = cache.device, cache.dtype
-        self.ops = ops or decode_ops(self.device, self.dtype, cache.shape[-1], cache.shape[2], model.linear)
+        kernels = kernels or KernelOptions()
+        self.ops = ops or decode_ops(self.device, self.dtype, cache.shape[-1], cache.shape[2], model.linear,
+                                     triton=kernels.triton, pdl=kernels.pdl,
+                                     gemv_configs=kernels.gemv_configs)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
         max_tokens = state.max_tokens
         self.spans = [max_tokens] if self.ops.length_from_pos else bucket_spans(max_tokens)

@@ -18,10 +18,12 @@ def default_device() -> str:
 
 
 def load_engine(model: str | None, ctx_size: int | None = None, device: str | None = None,
-                dtype: str | None = None):
+                dtype: str | None = None, kernels=None, cache_dir: str | None = None):
     """(TorchEngine, HFTokenizer) for ``model``: a GGUF file (converted once into a cached
-    Hugging Face directory) or a Hugging Face directory; None means the bundled
-    SmolLM2-135M-Instruct. dtype: float32 on CPU and bfloat16 on CUDA unless given.
+    Hugging Face directory under ``cache_dir``, default ``~/.cache/redlite``) or a Hugging Face
+    directory; None means the bundled SmolLM2-135M-Instruct. dtype: float32 on CPU and
+    bfloat16 on CUDA unless given. ``kernels``: the engine's
+    :class:`~redlite.engine.kernel_options.KernelOptions` (None: defaults).
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture."""
     import torch
 
@@ -33,12 +35,12 @@ def load_engine(model: str | None, ctx_size: int | None = None, device: str | No
     torch.set_grad_enabled(False)
     source = Path(model) if model else bundled_model_path()
     started = time.perf_counter()
-    model_dir = resolve_model_dir(source)
+    model_dir = resolve_model_dir(source, cache_dir)
     device = device or default_device()
     torch_dtype = getattr(torch, dtype) if dtype else (torch.float32 if device == "cpu" else torch.bfloat16)
     model_id = source.stem if source.is_file() else source.name
     engine = TorchEngine.from_pretrained(model_dir, ctx_size=ctx_size, device=device,
-                                         dtype=torch_dtype, model_id=model_id)
+                                         dtype=torch_dtype, model_id=model_id, kernels=kernels)
     tokenizer = load_tokenizer(model_dir)
     quantized = {id(m): m for m in engine.model.modules() if getattr(m, "is_quantized", False)}
     parameters = (sum(p.numel() for p in engine.model.parameters())

@@ -45,7 +45,7 @@ def new_slot(engine) -> "Engine":
     try:
         slot = TorchEngine(engine.model, model_id=engine.model_id, ctx_size=engine.max_context,
                            device=engine.device, dtype=engine.dtype, prefill_chunk=engine.prefill_chunk,
-                           cuda_graphs=engine._use_graphs)
+                           cuda_graphs=engine._use_graphs, kernels=engine.kernels)
     except torch.OutOfMemoryError as err:
         raise EngineError(f"no memory for another slot of {engine.max_context} tokens: {err}") from err
     slot._shared = engine._shared
@@ -98,7 +98,7 @@ def batch_graphs(engine):
         from redlite.engine.batch_graphs import BatchGraphs
 
         try:
-            shared["batch_graphs"] = BatchGraphs(engine.model, engine.state)
+            shared["batch_graphs"] = BatchGraphs(engine.model, engine.state, kernels=engine.kernels)
         except Exception:  # noqa: BLE001 - any trouble: the eager batched forward serves
             log.exception("batched decode graphs unavailable; eager batched decode")
             shared["batch_graphs"] = False

@@ -4,7 +4,6 @@ preallocated state (see :mod:`redlite.engine.base` for the contract)."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -13,6 +12,7 @@ import torch
 from redlite.engine.base import (Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot,
                                 TokenStream, has_end_state, range_of)
 from redlite.engine.fingerprint import weights_fingerprint
+from redlite.engine.kernel_options import KernelOptions
 from redlite.engine.sampling import TorchSampler
 
 CPU_MAX_CONTEXT = 8192
@@ -32,7 +32,9 @@ class TorchEngine(Engine):
     ``cuda_graphs``: decode through :class:`~redlite.engine.cuda_graphs.GraphDecoder` (one
     captured graph replayed per token). None (default) enables it on CUDA for models with a
     ``decode_step`` and a state with a KV cache (the Llama family and the Qwen3.5 hybrid)
-    unless ``REDLITE_CUDA_GRAPHS=0``; True on CPU runs the same step eagerly (tests).
+    unless ``kernels.cuda_graphs`` is False; True on CPU runs the same step eagerly (tests).
+    ``kernels``: :class:`~redlite.engine.kernel_options.KernelOptions` (None: defaults), also
+    what the decode step's ops are chosen by.
     ``decode_path`` names the path in use.
 
     A pool of sequence slots (:meth:`new_slot`, :meth:`decode_batch`; see
@@ -43,7 +45,8 @@ class TorchEngine(Engine):
 
     def __init__(self, model, *, model_id: str = "model", ctx_size: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 prefill_chunk: int | None = None, cuda_graphs: bool | None = None):
+                 prefill_chunk: int | None = None, cuda_graphs: bool | None = None,
+                 kernels: KernelOptions | None = None):
         params = next(model.parameters())
         self.model = model
         self.device = torch.device(device) if device is not None else params.device
@@ -63,8 +66,9 @@ class TorchEngine(Engine):
         self.can_rewind = bool(self.state.can_truncate)
         self._token = torch.zeros(1, dtype=torch.long, device=self.device)
         self._shared: dict[str, Any] = {"fingerprint": None}  # one per pool: every slot's model
+        self.kernels = kernels or KernelOptions()
         if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda" and os.environ.get("REDLITE_CUDA_GRAPHS", "1") != "0"
+            cuda_graphs = self.device.type == "cuda" and self.kernels.cuda_graphs
         self._use_graphs = bool(cuda_graphs and hasattr(model, "decode_step") and hasattr(self.state, "cache"))
         self.device_resident = self.device.type != "cpu"
         self._graph_decoder = None
@@ -87,7 +91,7 @@ class TorchEngine(Engine):
         :func:`redlite.loading.hf.load_hf_model` raises."""
         from redlite.loading.hf import load_hf_model
 
-        model, _config = load_hf_model(path, device, dtype)
+        model, _config = load_hf_model(path, device, dtype, kernels=kwargs.get("kernels"))
         return cls(model, model_id=model_id or Path(path).name, ctx_size=ctx_size,
                    device=device, dtype=dtype, **kwargs)
 
@@ -159,7 +163,7 @@ class TorchEngine(Engine):
             from redlite.engine.cuda_graphs import GraphDecoder
 
             try:
-                self._graph_decoder = GraphDecoder(self.model, self.state)
+                self._graph_decoder = GraphDecoder(self.model, self.state, kernels=self.kernels)
             except Exception:  # noqa: BLE001 - any trouble: the eager path serves
                 self._graphs_failed("build")
         return self._graph_decoder

@@ -67,13 +67,14 @@ class Attention(nn.Module):
 
     def __init__(self, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
                  qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False,
-                 norm_eps: float = 1e-6, window: int | None = None, device=None, dtype=None):
+                 norm_eps: float = 1e-6, window: int | None = None, device=None, dtype=None,
+                 linear=None):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.qk_dim = (n_heads + n_kv_heads) * head_dim
         self.norm_eps = float(norm_eps)
         self.window = window
-        self.linear = linear_kernel(device, dtype)
+        self.linear = linear or linear_kernel(device, dtype)
 
         def param(*shape):
             return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)

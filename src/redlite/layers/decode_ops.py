@@ -24,7 +24,6 @@ norm + qkv), ``rope_attend`` (q/k norm, rotary, KV write, attention), ``linear_r
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
@@ -173,8 +172,10 @@ class TritonDecodeOps(TorchDecodeOps):
     :mod:`redlite.layers.triton_gemv` with the norms, residual adds and ``silu * up`` fused
     in; False: cuBLAS (``F.linear``) with separate norm/add/activation kernels. ``pdl``: how
     the Triton kernels use programmatic dependent launch (0 off; 1 or 2, see
-    :func:`redlite.layers.triton_gemv.pdl_sync`); default ``DEFAULT_PDL`` where supported,
-    or ``REDLITE_PDL``. ``pdl_attention``: the mode of the attention kernel (0-2), default
+    :func:`redlite.layers.triton_gemv.pdl_sync`); None: ``DEFAULT_PDL`` where supported, else 0.
+    ``gemv_configs``: a JSON file of GEMV launch settings
+    (:func:`redlite.layers.triton_gemv.read_gemv_configs`; None: the built-in table; raises
+    ``OSError``/``ValueError`` when unreadable). ``pdl_attention``: the mode of the attention kernel (0-2), default
     ``DEFAULT_PDL_ATTENTION`` when ``pdl`` is on: 0, a plain launch, because with PDL the H200
     decoded slower (bench/results/gpu-2026-11-29-nvidia-h200.md, decode-ops rows). ``name``: ``triton`` or ``triton+cublas``, then ``+pdl<mode>`` and
     ``-attn<mode>`` when attention's mode differs.
@@ -185,7 +186,8 @@ class TritonDecodeOps(TorchDecodeOps):
     DEFAULT_PDL_ATTENTION = 0
 
     def __init__(self, device: torch.device, n_kv_heads: int, fused_gemv: bool = True,
-                 pdl: int | None = None, pdl_attention: int | None = None, head_dim: int | None = None):
+                 pdl: int | None = None, pdl_attention: int | None = None, head_dim: int | None = None,
+                 gemv_configs: str | None = None):
         super().__init__(F.linear)
         from redlite.layers import triton_decode, triton_gemv
 
@@ -195,12 +197,13 @@ class TritonDecodeOps(TorchDecodeOps):
         self.counters = torch.zeros(n_kv_heads, dtype=torch.int32, device=device)
         self.fused_gemv = bool(fused_gemv)
         if pdl is None:
-            pdl = int(os.environ.get("REDLITE_PDL", self.DEFAULT_PDL)) if triton_gemv.pdl_supported(device) else 0
+            pdl = self.DEFAULT_PDL if triton_gemv.pdl_supported(device) else 0
         if pdl_attention is None:
             pdl_attention = self.DEFAULT_PDL_ATTENTION if pdl else 0
         if pdl not in (0, 1, 2) or pdl_attention not in (0, 1, 2):
             raise ValueError(f"pdl and pdl_attention must be 0, 1 or 2, got {pdl!r}, {pdl_attention!r}")
         self.pdl, self.pdl_attention = int(pdl), int(pdl_attention)
+        self.configs = triton_gemv.read_gemv_configs(gemv_configs) if gemv_configs else None
         self.name = ("triton" if self.fused_gemv else "triton+cublas") + (f"+pdl{self.pdl}" if self.pdl else "")
         self.name += f"-attn{self.pdl_attention}" if self.pdl_attention != self.pdl else ""
 
@@ -214,18 +217,18 @@ class TritonDecodeOps(TorchDecodeOps):
         if not self.fused_gemv:
             return super().norm_linear(x, norm_weight, eps, weight, bias, out_float32, zero_centered)
         return self.gemv.gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, out_float32=out_float32,
-                              pdl=self.pdl, zero_centered=zero_centered)
+                              pdl=self.pdl, zero_centered=zero_centered, configs=self.configs)
 
     def linear_residual(self, x, weight, bias, residual):
         if not self.fused_gemv:
             return super().linear_residual(x, weight, bias, residual)
-        return self.gemv.gemv(x, weight, bias, residual=residual, pdl=self.pdl)
+        return self.gemv.gemv(x, weight, bias, residual=residual, pdl=self.pdl, configs=self.configs)
 
     def norm_gate_up(self, x, norm_weight, eps, weight, bias, inter, zero_centered=False):
         if not self.fused_gemv:
             return super().norm_gate_up(x, norm_weight, eps, weight, bias, inter, zero_centered)
         return self.gemv.gemv(x, weight, bias, norm_weight=norm_weight, eps=eps, gated=True, pdl=self.pdl,
-                              zero_centered=zero_centered)
+                              zero_centered=zero_centered, configs=self.configs)
 
     def rope_attend(self, qkv, pos, cos, sin, norm_weight, eps, keys, values, n_heads, n_kv_heads, head_dim,
                     span, window):
@@ -248,7 +251,7 @@ class TritonDecodeOps(TorchDecodeOps):
 
         if not (self.fused_gemv and triton_moe.supported(moe)):
             return super().moe(x, norm_weight, eps, moe, zero_centered)
-        return triton_moe.moe_step(x, norm_weight, eps, moe, zero_centered, pdl=self.pdl)
+        return triton_moe.moe_step(x, norm_weight, eps, moe, zero_centered, pdl=self.pdl, configs=self.configs)
 
     def gdn_step(self, proj, conv_state, recurrent_state, mixer):
         from redlite.layers import triton_gdn
@@ -261,9 +264,7 @@ class TritonDecodeOps(TorchDecodeOps):
 
 
 def triton_available() -> bool:
-    """True when Triton imports (and ``REDLITE_TRITON`` is not ``0``)."""
-    if os.environ.get("REDLITE_TRITON", "1") == "0":
-        return False
+    """True when Triton imports."""
     try:
         import triton  # noqa: F401
     except Exception:  # noqa: BLE001 - missing or broken install: use torch ops
@@ -272,15 +273,17 @@ def triton_available() -> bool:
 
 
 def decode_ops(device: torch.device | str, dtype: torch.dtype, head_dim: int, n_kv_heads: int,
-               linear=F.linear) -> TorchDecodeOps:
+               linear=F.linear, *, triton: bool = True, pdl: int | None = None,
+               gemv_configs: str | None = None) -> TorchDecodeOps:
     """The ops for a decode step on ``device`` in ``dtype``: Triton kernels on CUDA for
-    float32/bfloat16/float16 and a power-of-two ``head_dim`` >= 16 when Triton imports,
-    else the torch reference with ``linear`` (the model's linear function)."""
+    float32/bfloat16/float16 and a power-of-two ``head_dim`` >= 16 when ``triton`` and Triton
+    imports (``pdl``, ``gemv_configs``: see :class:`TritonDecodeOps`), else the torch
+    reference with ``linear`` (the model's linear function)."""
     device = torch.device(device)
     pow2 = head_dim >= 16 and head_dim & (head_dim - 1) == 0
     if (device.type == "cuda" and pow2 and dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and triton_available()):
-        return TritonDecodeOps(device, n_kv_heads, head_dim=head_dim)
-    if device.type == "cuda":
+            and triton and triton_available()):
+        return TritonDecodeOps(device, n_kv_heads, head_dim=head_dim, pdl=pdl, gemv_configs=gemv_configs)
+    if device.type == "cuda" and triton:
         log.warning("decode step uses torch ops (Triton missing or head_dim %d unsupported)", head_dim)
     return TorchDecodeOps(linear)

@@ -38,11 +38,12 @@ class GatedAttention(nn.Module):
     """
 
     def __init__(self, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
-                 bias: bool = False, eps: float = 1e-6, device=None, dtype=None) -> None:
+                 bias: bool = False, eps: float = 1e-6, device=None, dtype=None,
+                 linear=None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.eps = float(eps)
-        self.linear = linear_kernel(device, dtype)
+        self.linear = linear or linear_kernel(device, dtype)
         self.q_rows = 2 * n_heads * head_dim
         self.kv_rows = n_kv_heads * head_dim
         rows = self.q_rows + 2 * self.kv_rows

@@ -20,14 +20,12 @@ Per token ``x`` (``hidden_size``):
    by ``silu(in_proj_z(x))`` and projected by ``out_proj``.
 
 Prefill (T > 1) uses the chunked form (chunk 64); decode (T == 1) the recurrent form. On
-CUDA, when the ``flash-linear-attention`` package is importable (and ``REDLITE_NO_FLA`` is
-not set), its Triton kernels ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule``
+CUDA, when the ``flash-linear-attention`` package is importable (and the layer's ``fla`` is
+True: the CLI's ``--no-fla`` clears it), its Triton kernels ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule``
 replace the PyTorch ones.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -52,14 +50,13 @@ def _fla_funcs():
     global _FLA_FUNCS
     if _FLA_FUNCS is False:
         _FLA_FUNCS = None
-        if not os.environ.get("REDLITE_NO_FLA"):
-            try:
-                from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk_fn
-                from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as rec_fn
+        try:
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as chunk_fn
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as rec_fn
 
-                _FLA_FUNCS = (chunk_fn, rec_fn)
-            except Exception:  # ImportError, or a Triton/CUDA mismatch at import time
-                _FLA_FUNCS = None
+            _FLA_FUNCS = (chunk_fn, rec_fn)
+        except Exception:  # ImportError, or a Triton/CUDA mismatch at import time
+            _FLA_FUNCS = None
     return _FLA_FUNCS
 
 
@@ -120,6 +117,8 @@ class GatedDeltaNet(nn.Module):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         device=None,
         dtype=None,
+        linear=None,
+        fla: bool = True,
     ) -> None:
         super().__init__()
         if num_value_heads % num_key_heads:
@@ -136,7 +135,8 @@ class GatedDeltaNet(nn.Module):
         self.conv_kernel_size = conv_kernel_size
         self.eps = float(eps)
         self.chunk_size = chunk_size
-        self.linear = linear_kernel(device, dtype)
+        self.linear = linear or linear_kernel(device, dtype)
+        self.fla = bool(fla)
 
         def param(*shape, dtype=dtype):
             return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
@@ -192,8 +192,8 @@ class GatedDeltaNet(nn.Module):
         """Everything between the two projections: ``proj`` (``[T, C + Hv*Dv + 2*Hv]``, the
         input projection's output) -> ``[T, Hv*Dv]`` in proj's dtype, the gated-normalised
         output that ``out_proj`` takes; the states are updated in place as in :meth:`forward`.
-        ``use_fla``: None uses flash-linear-attention where :func:`fla_available`; False
-        forces the torch kernels (the graph-capturable decode reference)."""
+        ``use_fla``: None uses flash-linear-attention where the layer's ``fla`` is set and
+        :func:`fla_available`; False forces the torch kernels (the graph-capturable decode reference)."""
         length = proj.shape[0]
         hv, dk, dv = self.num_value_heads, self.key_head_dim, self.value_head_dim
         qkv, z, b, a = proj.split([self.conv_dim, self.value_dim, hv, hv], dim=-1)
@@ -206,7 +206,7 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
-        if fla_available(proj.device) if use_fla is None else use_fla:
+        if (self.fla and fla_available(proj.device)) if use_fla is None else use_fla:
             o, new_state = self._fla_rule(q, k, v, g, beta, recurrent_state)
         else:
             qn = l2_normalize(q) * (dk ** -0.5)

@@ -5,18 +5,18 @@ bandwidth on some CPUs (about 2x slower than oneDNN on AMD Zen 4); oneDNN's line
 ``torch.ops.mkldnn._linear_pointwise``, reads the same ``[out, in]`` weight and is as fast or
 faster for every shape measured, prefill included. It is an internal op of torch, so
 :func:`linear_kernel` probes it once per dtype (present, same result as ``F.linear``) and
-falls back to ``F.linear`` otherwise. ``REDLITE_ONEDNN=0`` disables it.
+falls back to ``F.linear`` otherwise; ``onednn=False`` (the CLI's ``--no-onednn``) skips it.
 
 A weight may also be a :class:`~redlite.layers.quant_weight.QuantWeight` (GGUF blocks kept
 quantized): the functions of :func:`linear_kernel` and :func:`embedding` take either, and
 :func:`assign_weight` puts whichever suits the loaded blocks in place, so model code never
-asks which it holds.
+asks which it holds. Layers take an optional ``linear`` (one of these functions, chosen once by
+the model); None picks :func:`linear_kernel`'s default.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Callable
 
 import torch
@@ -33,7 +33,7 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 @functools.lru_cache(maxsize=None)
 def _onednn_works(dtype: torch.dtype) -> bool:
-    if os.environ.get("REDLITE_ONEDNN", "1") == "0" or not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available():
         return False
     try:
         gen = torch.Generator().manual_seed(0)
@@ -52,13 +52,15 @@ def _onednn_works(dtype: torch.dtype) -> bool:
         return False
 
 
-def linear_kernel(device: torch.device | str | None, dtype: torch.dtype | None) -> LinearFn:
+def linear_kernel(device: torch.device | str | None, dtype: torch.dtype | None,
+                  onednn: bool = True) -> LinearFn:
     """The linear function to use for weights held on ``device`` in ``dtype``:
     ``fn(x [T, in], weight [out, in], bias [out] | None) -> [T, out]`` (2-D ``x``); ``weight``
-    may be a dense tensor or a :class:`~redlite.layers.quant_weight.QuantWeight`."""
+    may be a dense tensor or a :class:`~redlite.layers.quant_weight.QuantWeight`. ``onednn``:
+    False uses ``F.linear`` on CPU too."""
     device = torch.device(device if device is not None else "cpu")
     dtype = dtype or torch.get_default_dtype()
-    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and _onednn_works(dtype):
+    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and onednn and _onednn_works(dtype):
         return _with_quantized(_onednn_linear)
     return _with_quantized(F.linear)
 

@@ -17,10 +17,11 @@ class SwiGLU(nn.Module):
     ``gate_up_bias`` [2*inter] and ``down_bias`` [hidden] when ``bias``.
     """
 
-    def __init__(self, hidden: int, inter: int, bias: bool = False, device=None, dtype=None):
+    def __init__(self, hidden: int, inter: int, bias: bool = False, device=None, dtype=None,
+                 linear=None):
         super().__init__()
         self.inter = inter
-        self.linear = linear_kernel(device, dtype)
+        self.linear = linear or linear_kernel(device, dtype)
 
         def param(*shape):
             return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)

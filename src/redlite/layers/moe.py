@@ -48,7 +48,7 @@ class SparseMoE(nn.Module):
     """
 
     def __init__(self, hidden: int, num_experts: int, top_k: int, inter: int, shared_inter: int,
-                 norm_topk_prob: bool = True, device=None, dtype=None) -> None:
+                 norm_topk_prob: bool = True, device=None, dtype=None, linear=None) -> None:
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok={top_k} must be in 1..num_experts={num_experts}")
@@ -61,7 +61,7 @@ class SparseMoE(nn.Module):
         self.gates_weight = param(num_experts + 1, hidden)
         self.gate_up_weight = param(num_experts, 2 * inter, hidden)
         self.down_weight = param(num_experts, hidden, inter)
-        self.shared = SwiGLU(hidden, shared_inter, False, device, dtype)
+        self.shared = SwiGLU(hidden, shared_inter, False, device, dtype, linear)
 
     @property
     def router_weight(self) -> torch.Tensor:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -155,8 +154,8 @@ def _gemv_kernel(w_ptr, x_ptr, nw_ptr, b_ptr, out_ptr, N, K, eps, n_blocks,
 # (block_n, block_k, num_warps, num_stages, programs_per_sm) by (mode, rows, k): the best of
 # bench/gpu_tune.py --gemv on an H200 for Qwen3-8B's shapes (2026-11-29; its output is in
 # bench/results/). programs_per_sm 0: one program per row block. Other shapes take
-# DEFAULT_CONFIG. REDLITE_GEMV_CONFIGS names a JSON file of {"mode,rows,k": [the five]} (as
-# --save writes) used instead.
+# DEFAULT_CONFIG. --gemv-configs names a JSON file of {"mode,rows,k": [the five]} (as --save
+# writes) used instead (read_gemv_configs).
 Config = tuple[int, int, int, int, int]
 GEMV_CONFIGS: dict[tuple[int, int, int], Config] = {
     (PLAIN, 6144, 4096): (4, 4096, 8, 1, 2), (RESIDUAL, 4096, 4096): (4, 4096, 8, 1, 2),
@@ -169,18 +168,20 @@ DEFAULT_CONFIG: Config = (4, 4096, 8, 1, 2)
 
 
 @functools.lru_cache(maxsize=None)
-def _file_configs(path: str) -> dict[tuple[int, int, int], Config]:
+def read_gemv_configs(path: str) -> dict[tuple[int, int, int], Config]:
+    """The launch settings table of a JSON file ``{"mode,rows,k": [the five]}`` (what
+    ``bench/gpu_tune.py --gemv --save`` writes). Raises ``OSError`` or ``ValueError``."""
     data = json.loads(Path(path).read_text())
     return {tuple(int(v) for v in key.split(",")): tuple(int(v) for v in value) for key, value in data.items()}
 
 
-def gemv_config(mode: int, n: int, k: int) -> Config:
+def gemv_config(mode: int, n: int, k: int,
+                configs: dict[tuple[int, int, int], Config] | None = None) -> Config:
     """Launch settings ``(block_n, block_k, num_warps, num_stages, programs_per_sm)`` for ``mode`` (PLAIN,
     RESIDUAL or GATED) and a weight of ``n`` output rows (per half when gated) by ``k``; the
-    column tile is capped at the next power of two of ``k``. Raises ``OSError`` or
-    ``ValueError`` when ``REDLITE_GEMV_CONFIGS`` names an unreadable file."""
-    path = os.environ.get("REDLITE_GEMV_CONFIGS")
-    table = _file_configs(path) if path else GEMV_CONFIGS
+    column tile is capped at the next power of two of ``k``. ``configs``: the table to look
+    in (:func:`read_gemv_configs`; None: ``GEMV_CONFIGS``)."""
+    table = GEMV_CONFIGS if configs is None else configs
     block_n, block_k, warps, stages, per_sm = table.get((mode, n, k), DEFAULT_CONFIG)
     return block_n, min(block_k, triton.next_power_of_2(k)), warps, stages, per_sm
 
@@ -201,7 +202,8 @@ def pdl_supported(device: torch.device) -> bool:
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
          gated: bool = False, out_float32: bool = False, pdl: int = 0,
-         config: Config | None = None, zero_centered: bool = False) -> torch.Tensor:
+         config: Config | None = None, zero_centered: bool = False,
+         configs: dict[tuple[int, int, int], Config] | None = None) -> torch.Tensor:
     """One token through a weight: ``x`` [1, K] (contiguous), ``weight`` [N, K] or, ``gated``,
     [2N, K]; ``bias`` [N] (or [2N]) or None; all one dtype. Returns:
 
@@ -215,7 +217,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     rounds). ``pdl`` (only where
     :func:`pdl_supported`): 0 launches plainly; 1 with programmatic dependent launch, letting
     the next kernel launch once this one's programs have waited for the previous kernel; 2
-    letting it launch at once. ``config``: launch settings, default :func:`gemv_config`.
+    letting it launch at once. ``config``: launch settings, default :func:`gemv_config` of
+    ``configs``.
     Raises ``ValueError`` on mismatched shapes.
     """
     k = x.shape[-1]
@@ -229,7 +232,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         out = residual
     else:
         out = torch.empty(1, rows, device=x.device, dtype=torch.float32 if out_float32 else x.dtype)
-    block_n, block_k, warps, stages, per_sm = config or gemv_config(mode, rows, k)
+    block_n, block_k, warps, stages, per_sm = config or gemv_config(mode, rows, k, configs)
     n_blocks = triton.cdiv(rows, block_n)
     programs = min(n_blocks, per_sm * _sm_count(x.device)) if per_sm else n_blocks
     extra = {"launch_pdl": True} if pdl else {}

@@ -156,18 +156,19 @@ def supported(moe) -> bool:
 
 def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_centered: bool = True,
              pdl: int = 0, gate_up_config: tuple[int, int, int] | None = None,
-             down_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+             down_config: tuple[int, int, int] | None = None, configs=None) -> torch.Tensor:
     """``x += moe(rms_norm(x))`` in place for one token: ``x`` [1, H] contiguous (the residual
     stream), ``norm_weight`` [H] the block's input norm (``zero_centered``: the Qwen3.5 form),
     ``moe`` a :class:`~redlite.layers.moe.SparseMoE` in x's dtype. Four launches (router
     product, routing, gate/up, down) with no host read. Returns ``x``. ``pdl``: programmatic dependent
     launch (see :mod:`redlite.layers.triton_gemv`); configs as ``GATE_UP_CONFIG`` /
-    ``DOWN_CONFIG`` (the defaults).
+    ``DOWN_CONFIG`` (the defaults); ``configs``: the router product's GEMV table
+    (:func:`redlite.layers.triton_gemv.gemv_config`).
     """
     h = x.shape[-1]
     e, k, inter, s_inter = moe.num_experts, moe.top_k, moe.inter, moe.shared.inter
     logits = gemv(x, moe.gates_weight, None, norm_weight=norm_weight, eps=eps, out_float32=True, pdl=pdl,
-                  zero_centered=zero_centered)
+                  zero_centered=zero_centered, configs=configs)
     i_max = max(inter, s_inter)
     block_tk = triton.next_power_of_2(k)
     route = torch.empty(2 * block_tk + 1, device=x.device, dtype=torch.float32)

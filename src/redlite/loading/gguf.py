@@ -23,7 +23,7 @@ What a converted directory holds:
   ``tokenizer.chat_template``, special tokens), made by transformers' own GGUF tokenizer
   conversion.
 
-The cache root is ``$REDLITE_CACHE_DIR`` or ``~/.cache/redlite``; each GGUF file gets the
+The cache root is the caller's ``cache_dir`` (the CLI's ``--cache-dir``) or ``~/.cache/redlite``; each GGUF file gets the
 sub-directory ``gguf/<file stem>-<key>`` where ``key`` hashes the file's name, size, first and
 last MiB and :data:`CONVERTER_VERSION`. A conversion writes into a temporary sibling directory and renames
 it into place, under a per-key file lock, so a killed conversion never leaves a half cache and
@@ -64,7 +64,6 @@ from redlite.loading.progress import Progress
 from redlite.loading.gguf_weights import MAX_SHARD_BYTES, hf_tensor_name, unpermute_rotary_rows, write_weights
 
 __all__ = [
-    "CACHE_DIR_ENV",
     "CONVERTER_VERSION",
     "GGUF_LINK",
     "MAX_SHARD_BYTES",
@@ -88,8 +87,6 @@ CONVERTER_VERSION = 2
 GGUF_LINK = "model.gguf"
 #: Name of the tensor table inside a converted directory.
 TENSOR_TABLE = "gguf_tensors.json"
-#: Environment variable naming the cache root.
-CACHE_DIR_ENV = "REDLITE_CACHE_DIR"
 
 # --------------------------------------------------------------------------------------------
 # Public entry points
@@ -97,9 +94,8 @@ CACHE_DIR_ENV = "REDLITE_CACHE_DIR"
 
 
 def default_cache_dir() -> Path:
-    """The cache root: ``$REDLITE_CACHE_DIR`` when set and non-empty, else ``~/.cache/redlite``."""
-    env = os.environ.get(CACHE_DIR_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "redlite"
+    """The cache root when none is given: ``~/.cache/redlite``."""
+    return Path.home() / ".cache" / "redlite"
 
 
 def resolve_model_dir(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:

@@ -66,7 +66,7 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
 
 
 def load_hf_model(path: str | Path, device: torch.device | str | None = None,
-                  dtype: torch.dtype | None = None, keep_quantized: bool = True):
+                  dtype: torch.dtype | None = None, keep_quantized: bool = True, kernels=None):
     """Build and load the model of a Hugging Face directory: safetensors weights, or the GGUF
     file linked as ``model.gguf`` (a converted GGUF, see :mod:`redlite.loading.gguf`), whose
     quantized tensors stay quantized in the file's memory mapping where a CPU kernel takes
@@ -76,7 +76,8 @@ def load_hf_model(path: str | Path, device: torch.device | str | None = None,
     ``device`` (default :func:`default_device`) holding weights in ``dtype`` (default
     :func:`default_dtype`; quantized weights compute in float32), and the ``config.json``
     dict. ``keep_quantized`` False dequantizes every GGUF tensor at load (the float32
-    reference). A checkpoint without ``lm_head.weight`` is loaded with tied embeddings. Raises
+    reference). ``kernels``: the engine's :class:`~redlite.engine.kernel_options.KernelOptions`
+    (None: defaults), given to the model. A checkpoint without ``lm_head.weight`` is loaded with tied embeddings. Raises
     ``FileNotFoundError``, ``ValueError`` (unsupported architecture) or ``KeyError`` (missing
     weight).
     """
@@ -97,7 +98,7 @@ def load_hf_model(path: str | Path, device: torch.device | str | None = None,
     build_config = dict(config)
     if "lm_head.weight" not in tensors:
         build_config["tie_word_embeddings"] = True
-    model = resolve_model_class(build_config)(build_config, device=device, dtype=dtype)
+    model = resolve_model_class(build_config)(build_config, device=device, dtype=dtype, kernels=kernels)
     with torch.inference_mode():
         model.load_hf_weights(tensors)
     if gguf_table.exists():

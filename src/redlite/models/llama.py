@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from redlite.engine.base import EngineError
+from redlite.engine.kernel_options import KernelOptions
 from redlite.layers.attention import Attention, prefill_mask
 from redlite.layers.kv_cache import KVCache
 from redlite.layers.linear import assign_weight, embedding, linear_kernel
@@ -121,34 +122,36 @@ class LlamaState(ModelState):
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x += attn(norm(x)); x += mlp(norm(x))``."""
 
-    def __init__(self, spec: LlamaSpec, window: int | None, device, dtype):
+    def __init__(self, spec: LlamaSpec, window: int | None, device, dtype, linear=None):
         super().__init__()
         self.input_norm = RMSNorm(spec.hidden, spec.eps, device, dtype)
         self.attn = Attention(spec.hidden, spec.n_heads, spec.n_kv_heads, spec.head_dim,
                               qkv_bias=spec.qkv_bias, o_bias=spec.o_bias, qk_norm=spec.qk_norm,
-                              norm_eps=spec.eps, window=window, device=device, dtype=dtype)
+                              norm_eps=spec.eps, window=window, device=device, dtype=dtype,
+                              linear=linear)
         self.post_norm = RMSNorm(spec.hidden, spec.eps, device, dtype)
-        self.mlp = SwiGLU(spec.hidden, spec.inter, spec.mlp_bias, device, dtype)
+        self.mlp = SwiGLU(spec.hidden, spec.inter, spec.mlp_bias, device, dtype, linear)
 
 
 class LlamaModel(CausalLM):
     """A Llama-family causal LM built from a ``config.json`` dict; weights are uninitialised
-    until :meth:`load_hf_weights`. ``device``/``dtype``: where and how weights are held."""
+    until :meth:`load_hf_weights`. ``device``/``dtype``: where and how weights are held.
+    ``kernels``: the engine's kernel options (its ``onednn`` picks the linear function)."""
 
     def __init__(self, config: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, kernels: KernelOptions | None = None):
         super().__init__()
+        self.linear = linear_kernel(device, dtype, (kernels or KernelOptions()).onednn)
         self.config = dict(config)
         self.spec = spec = LlamaSpec.from_config(config)
         self.vocab_size, self.max_position_embeddings = spec.vocab, spec.max_positions
         self.embed_weight = nn.Parameter(torch.empty(spec.vocab, spec.hidden, device=device, dtype=dtype),
                                          requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(spec, w, device, dtype) for w in spec.windows)
+        self.layers = nn.ModuleList(DecoderLayer(spec, w, device, dtype, self.linear) for w in spec.windows)
         self.norm = RMSNorm(spec.hidden, spec.eps, device, dtype)
         self.lm_head_weight = self.embed_weight if spec.tied else nn.Parameter(
             torch.empty(spec.vocab, spec.hidden, device=device, dtype=dtype), requires_grad=False)
         self.rotary = RotaryTable.from_config(config, spec.head_dim)
-        self.linear = linear_kernel(device, dtype)
         self._windows = sorted({w for w in spec.windows}, key=lambda w: (w is not None, w or 0))
         self._fused_decode: object = None  # built at the first one-token forward (False: none)
 

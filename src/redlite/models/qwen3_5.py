@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from redlite.engine.kernel_options import KernelOptions
 from redlite.layers.attention import prefill_mask
 from redlite.layers.gated_attention import GatedAttention
 from redlite.layers.gated_deltanet import GatedDeltaNet
@@ -82,7 +83,8 @@ def _param(*shape, device=None, dtype=None) -> nn.Parameter:
 class DecoderLayer(nn.Module):
     """Pre-norm block: token mixer (``linear_attn`` or ``self_attn``) then SwiGLU ``mlp``."""
 
-    def __init__(self, cfg: Mapping[str, Any], layer_type: str, device=None, dtype=None) -> None:
+    def __init__(self, cfg: Mapping[str, Any], layer_type: str, device=None, dtype=None,
+                 linear=None, fla: bool = True) -> None:
         super().__init__()
         self.layer_type = layer_type
         hidden = int(cfg["hidden_size"])
@@ -95,19 +97,20 @@ class DecoderLayer(nn.Module):
                 key_head_dim=int(cfg.get("linear_key_head_dim", 128)),
                 value_head_dim=int(cfg.get("linear_value_head_dim", 128)),
                 conv_kernel_size=int(cfg.get("linear_conv_kernel_dim", 4)),
-                eps=eps, device=device, dtype=dtype,
+                eps=eps, device=device, dtype=dtype, linear=linear, fla=fla,
             )
         else:
             n_heads = int(cfg["num_attention_heads"])
             self.self_attn = GatedAttention(
                 hidden, n_heads, int(cfg.get("num_key_value_heads") or n_heads),
                 int(cfg.get("head_dim") or hidden // n_heads),
-                bias=bool(cfg.get("attention_bias", False)), eps=eps, device=device, dtype=dtype)
+                bias=bool(cfg.get("attention_bias", False)), eps=eps, device=device, dtype=dtype,
+                linear=linear)
         self.moe = int(cfg.get("num_experts") or 0) > 0
         self.mlp = (SparseMoE(hidden, int(cfg["num_experts"]), int(cfg["num_experts_per_tok"]),
                               int(cfg["moe_intermediate_size"]), int(cfg["shared_expert_intermediate_size"]),
-                              bool(cfg.get("norm_topk_prob", True)), device, dtype)
-                    if self.moe else SwiGLU(hidden, int(cfg["intermediate_size"]), False, device, dtype))
+                              bool(cfg.get("norm_topk_prob", True)), device, dtype, linear)
+                    if self.moe else SwiGLU(hidden, int(cfg["intermediate_size"]), False, device, dtype, linear))
         self.input_layernorm = ZeroCenteredRMSNorm(hidden, eps, device, dtype)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(hidden, eps, device, dtype)
 
@@ -171,11 +174,15 @@ class Qwen3_5Model(CausalLM):
     ``Qwen3_5Model(config, device, dtype)`` takes a ``config.json`` dict of either layout;
     weights are created uninitialised on ``device`` in ``dtype`` (``A_log``/``dt_bias``
     float32); fill them with :meth:`load_hf_weights`, or use :func:`load_qwen3_5`.
+    ``kernels``: the engine's kernel options (``onednn`` picks the linear function, ``fla``
+    lets the Gated DeltaNet layers use flash-linear-attention).
     """
 
     def __init__(self, config: Mapping[str, Any], device: torch.device | str | None = "cpu",
-                 dtype: torch.dtype | None = torch.float32) -> None:
+                 dtype: torch.dtype | None = torch.float32, kernels: KernelOptions | None = None) -> None:
         super().__init__()
+        kernels = kernels or KernelOptions()
+        self.linear = linear_kernel(device, dtype, kernels.onednn)
         self.config = dict(config)
         cfg = text_config(config)
         self.text_config = cfg
@@ -189,12 +196,12 @@ class Qwen3_5Model(CausalLM):
              "max_position_embeddings": self.max_position_embeddings},
             head_dim, partial_rotary_factor=cfg["partial_rotary_factor"])
         self.embed_weight = _param(self.vocab_size, hidden, device=device, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, t, device, dtype) for t in self.layer_types)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, t, device, dtype, self.linear, kernels.fla)
+                                    for t in self.layer_types)
         self.norm = ZeroCenteredRMSNorm(hidden, float(cfg.get("rms_norm_eps", 1e-6)), device, dtype)
         self.tied = bool(cfg["tie_word_embeddings"])
         self.lm_head_weight = self.embed_weight if self.tied else _param(
             self.vocab_size, hidden, device=device, dtype=dtype)
-        self.linear = linear_kernel(device, dtype)
 
     # --- weights --------------------------------------------------------------------------------
 

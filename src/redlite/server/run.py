@@ -82,7 +82,9 @@ def build_engine(args: argparse.Namespace):
                             snapshot_delay_ms=args.echo_snapshot_delay_ms)
         return engine, ByteTokenizer()
     from redlite.engine.factory import load_engine
-    return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype)
+    from redlite.engine.kernel_options import kernel_options_from_args
+    return load_engine(args.model, ctx_size=args.ctx_size, device=args.device, dtype=args.dtype,
+                       kernels=kernel_options_from_args(args), cache_dir=getattr(args, "cache_dir", None))
 
 
 @dataclass

@@ -1,0 +1,59 @@
+"""Which kernels the torch engine uses: one options object, built from the command line
+(:func:`add_kernel_options`, :func:`kernel_options_from_args`) and passed down to the engine,
+which hands each layer the plain parameter it needs. The defaults are the fast paths; each
+switch exists to compare against, or to step around, one of them."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """``cuda_graphs``: decode through captured CUDA graphs on CUDA (False: eager decode).
+    ``triton``: the fused Triton decode kernels on CUDA (False: torch ops in the decode step).
+    ``pdl``: programmatic dependent launch of the Triton kernels, 0 off, 1 or 2 (see
+    :func:`redlite.layers.triton_gemv.pdl_sync`); None: the kernels' default where the GPU
+    supports it. ``gemv_configs``: a JSON file of tuned GEMV launch settings (written by
+    ``bench/gpu_tune.py --gemv --save``); None: the built-in table. ``fla``: the
+    flash-linear-attention kernels for Gated DeltaNet layers on CUDA when the package imports.
+    ``onednn``: oneDNN's linear op on CPU where it probes correct (False: ``F.linear``)."""
+
+    cuda_graphs: bool = True
+    triton: bool = True
+    pdl: int | None = None
+    gemv_configs: str | None = None
+    fla: bool = True
+    onednn: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pdl not in (None, 0, 1, 2):
+            raise ValueError(f"pdl must be 0, 1 or 2, got {self.pdl!r}")
+
+
+def add_kernel_options(parser: argparse.ArgumentParser) -> None:
+    """The command-line switches of :class:`KernelOptions`."""
+    group = parser.add_argument_group("kernels (defaults are the fast paths)")
+    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                       help="on CUDA, decode through captured CUDA graphs (--no-cuda-graphs: eager)")
+    group.add_argument("--triton", action=argparse.BooleanOptionalAction, default=True,
+                       help="on CUDA, the fused Triton decode kernels (--no-triton: torch ops)")
+    group.add_argument("--pdl", type=int, choices=[0, 1, 2], default=None,
+                       help="programmatic dependent launch of the Triton kernels: 0 off, 1 "
+                            "wait-then-trigger, 2 trigger-then-wait (default: 1 where the GPU "
+                            "has it)")
+    group.add_argument("--gemv-configs", metavar="PATH", default=None,
+                       help="JSON of tuned GEMV launch settings (bench/gpu_tune.py --gemv --save)")
+    group.add_argument("--fla", action=argparse.BooleanOptionalAction, default=True,
+                       help="on CUDA, flash-linear-attention kernels for Gated DeltaNet layers "
+                            "when the package is installed")
+    group.add_argument("--onednn", action=argparse.BooleanOptionalAction, default=True,
+                       help="on CPU, oneDNN's linear op where it probes correct (--no-onednn: F.linear)")
+
+
+def kernel_options_from_args(args: argparse.Namespace) -> KernelOptions:
+    """The :class:`KernelOptions` of parsed command-line options (defaults for absent ones)."""
+    default = KernelOptions()
+    return KernelOptions(**{name: getattr(args, name, getattr(default, name))
+                            for name in KernelOptions.__dataclass_fields__})
