@@ -35,7 +35,7 @@ def hf_tokenizer():
 
 
 def with_template(tokenizer, name):
-    tokenizer.transformers_tokenizer.chat_template = (TEMPLATES / name).read_text()
+    tokenizer.chat_template = (TEMPLATES / name).read_text()
     return tokenizer
 
 

@@ -127,5 +127,5 @@ def test_the_probe_reads_each_template(template, per_turn):
     from pathlib import Path
 
     tokenizer = load_tokenizer(resolve_model_dir(bundled_model_path()))
-    tokenizer.transformers_tokenizer.chat_template = (Path(__file__).parent / "templates" / template).read_text()
+    tokenizer.chat_template = (Path(__file__).parent / "templates" / template).read_text()
     assert tokenizer.turn_tokens == per_turn

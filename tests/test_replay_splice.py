@@ -30,7 +30,7 @@ def tok():
     from redlite.loading.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model_dir(bundled_model_path()))
-    tokenizer.transformers_tokenizer.chat_template = (TEMPLATES / "qwen3_tools.jinja").read_text()
+    tokenizer.chat_template = (TEMPLATES / "qwen3_tools.jinja").read_text()
     return tokenizer
 
 

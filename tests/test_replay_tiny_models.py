@@ -95,7 +95,7 @@ def server(path: Path, *, reuse: bool = True, replay: str = "exact", park: bool 
 
     engine, tokenizer = load_engine(str(path), ctx_size=2048, device="cpu")
     if template is not None:
-        tokenizer.transformers_tokenizer.chat_template = template
+        tokenizer.chat_template = template
     generator = Generator(engine, tokenizer, GeneratorSettings(reuse=reuse, checkpoint_interval=0))
     if park:
         generator.parking = Conversations(ParkingPool(64 << 20, 8), None)

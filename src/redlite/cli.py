@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         from redlite.logformat import use_json
         use_json()
     if args.command == "serve":
+        import gc
+
+        gc.disable()  # no collections while importing torch (~0.5 s); on again once loaded (run.py)
         from redlite.server.shutdown import Stopper
         stopper = Stopper()
         stopper.install()  # before the heavy imports: a signal while starting exits with 0

@@ -2,8 +2,8 @@
 through llguidance (torch-free; numpy masks).
 
 :func:`grammar_tokenizer` wraps the served tokenizer for llguidance once (about 1 s for a
-Hugging Face tokenizer, then cached on the tokenizer object): a Hugging Face fast tokenizer
-through ``llguidance.hf``, the echo engine's byte tokenizer as a 256-byte vocabulary plus its
+Hugging Face tokenizer, then cached on the tokenizer object): a Hugging Face tokenizer
+from its ``tokenizers`` pipeline (JSON), the echo engine's byte tokenizer as a 256-byte vocabulary plus its
 special tokens. :class:`GrammarMatcher` is one request's parser state: :meth:`allowed` computes
 the mask of the next token, :meth:`accept` advances by the sampled token. Once the grammar is
 complete, only the end-of-turn tokens are allowed.
@@ -11,6 +11,7 @@ complete, only the end-of-turn tokens are allowed.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -52,11 +53,11 @@ def grammar_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
         if cached is not None:
             return cached
         eos = sorted(tokenizer.eos_token_ids)
-        hf = getattr(tokenizer, "transformers_tokenizer", None)
-        if hf is not None:
-            from llguidance.hf import from_tokenizer
-
-            built = from_tokenizer(hf, eos_token=eos)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the tokenizers pipeline as JSON, without padding/truncation
+            spec = json.loads(backend.to_str())
+            spec["padding"] = spec["truncation"] = None
+            built = llguidance.LLTokenizer(json.dumps(spec), eos_token=eos)
         elif type(tokenizer).__name__ == "ByteTokenizer":
             built = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary(tokenizer)),
                                            eos_token=eos)

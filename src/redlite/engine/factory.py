@@ -45,7 +45,22 @@ def load_engine(model: str | None, ctx_size: int | None = None, device: str | No
     quantized = {id(m): m for m in engine.model.modules() if getattr(m, "is_quantized", False)}
     parameters = (sum(p.numel() for p in engine.model.parameters())
                   + sum(m.shape[0] * m.shape[1] for m in quantized.values()))
+    trimmed = release_free_heap()
     log.info("model %s: %.1fM parameters, context %d tokens, device %s, dtype %s, "
              "loaded in %.2f s (from %s)", model_id, parameters / 1e6, engine.max_context,
              device, str(torch_dtype).removeprefix("torch."), time.perf_counter() - started, source)
+    log.debug("returned the free heap to the system after loading: %s", "yes" if trimmed else "not on this libc")
     return engine, tokenizer
+
+
+def release_free_heap() -> bool:
+    """Give the C heap's free pages back to the system (glibc ``malloc_trim``): loading frees
+    tens of MB of transient buffers (the tokenizer's JSON, weight tables) that glibc would
+    otherwise keep resident. False where the C library has no ``malloc_trim``."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: libc's
+    except (OSError, AttributeError):
+        return False
+    return True

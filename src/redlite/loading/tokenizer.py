@@ -1,9 +1,10 @@
-"""The served model's tokenizer and chat template (transformers + tokenizers).
+"""The served model's tokenizer and chat template (tokenizers + jinja2; transformers only
+where a directory needs it).
 
-:class:`HFTokenizer` implements :class:`redlite.core.tokenizer.Tokenizer` on a transformers
-fast tokenizer: tokenization, decoding and streaming decoding go through the underlying
-``tokenizers.Tokenizer`` (one pipeline, so ``decode`` and the incremental decoder agree);
-chat rendering goes through transformers' ``apply_chat_template`` (the model's Jinja template).
+:class:`HFTokenizer` implements :class:`redlite.core.tokenizer.Tokenizer` on a
+``tokenizers.Tokenizer``: tokenization, decoding and streaming decoding go through it (one
+pipeline, so ``decode`` and the incremental decoder agree); chat rendering goes through
+:class:`redlite.loading.chat_template.ChatTemplate` (the model's Jinja template).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from redlite.core.tokenizer import PromptTooLong, RenderedPrompt
+from redlite.loading.chat_template import ChatTemplate
 from redlite.loading.message_bounds import message_boundaries
 from redlite.loading.plain_specials import PlainSpecials, map_positions, special_strings
 from redlite.loading.segment_encoder import SegmentEncoder
 from redlite.loading.streaming_decoder import StreamingDecoder
 from redlite.loading.template_probe import turn_markup_tokens
+from redlite.loading.tokenizer_files import read_plain
 
 logger = logging.getLogger("redlite.loading")
 
@@ -49,28 +52,32 @@ class HFTokenizer:
         (e.g. Llama 3's template).
     """
 
-    def __init__(self, tokenizer: Any, eos_token_ids: Iterable[int] = (), add_bos: bool | None = None) -> None:
-        """tokenizer: a transformers fast tokenizer (has ``backend_tokenizer``).
-        eos_token_ids: ids to treat as end of turn, in addition to the tokenizer's eos token
-        and the :data:`END_OF_TURN_TOKENS` present in its vocabulary.
+    def __init__(self, backend: Any, special_tokens: dict[str, str] | None = None,
+                 chat_template: str | dict[str, str] | None = None, eos_token_ids: Iterable[int] = (),
+                 add_bos: bool | None = None, transformers_tokenizer: Any = None,
+                 directory: str | os.PathLike[str] | None = None) -> None:
+        """backend: the ``tokenizers.Tokenizer``. special_tokens: the named special tokens
+        (``{"bos_token": "<s>", "eos_token": ...}``, strings), given to the chat template too.
+        chat_template: its Jinja source (or named sources), None when there is none.
+        eos_token_ids: ids to treat as end of turn, in addition to the eos token and the
+        :data:`END_OF_TURN_TOKENS` present in the vocabulary.
         add_bos: whether :meth:`encode` starts with BOS (``add_bos_token`` of
         ``tokenizer_config.json``); None: probe whether the tokenizer's post-processor
         (``tokenizer.json``) adds it.
-
-        Raises:
-            TypeError: a slow (Python) tokenizer, which has no ``tokenizers`` backend.
+        transformers_tokenizer / directory: the transformers tokenizer when one was loaded, else
+        the directory to build it from when :attr:`transformers_tokenizer` is first read.
         """
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise TypeError(f"{type(tokenizer).__name__} is not a fast tokenizer (no tokenizers backend)")
-        self._tok = tokenizer
         self._backend = backend
-        self.vocab_size: int = len(tokenizer)
-        self.bos_token_id: int | None = tokenizer.bos_token_id
+        self._transformers = transformers_tokenizer
+        self._directory = directory
+        self.special_tokens: dict[str, str] = dict(special_tokens or {})
+        self._template = ChatTemplate(chat_template, self.special_tokens) if chat_template else None
+        self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        self.bos_token_id: int | None = self._token_id("bos_token")
 
         ids = {int(i) for i in eos_token_ids}
-        if tokenizer.eos_token_id is not None:
-            ids.add(int(tokenizer.eos_token_id))
+        if self._token_id("eos_token") is not None:
+            ids.add(self._token_id("eos_token"))
         for token in END_OF_TURN_TOKENS:
             token_id = backend.token_to_id(token)
             if token_id is not None:
@@ -89,14 +96,42 @@ class HFTokenizer:
         self._turn_tokens: tuple[str | None, int] | None = None
         self._plain_specials = PlainSpecials(special_strings(backend))
 
+    @classmethod
+    def from_transformers(cls, tokenizer: Any, eos_token_ids: Iterable[int] = (),
+                          add_bos: bool | None = None) -> "HFTokenizer":
+        """Wrap a transformers fast tokenizer (its ``backend_tokenizer``, special tokens and
+        chat template). Raises TypeError for a slow (Python) tokenizer."""
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise TypeError(f"{type(tokenizer).__name__} is not a fast tokenizer (no tokenizers backend)")
+        return cls(backend, dict(tokenizer.special_tokens_map), getattr(tokenizer, "chat_template", None),
+                   eos_token_ids, add_bos, transformers_tokenizer=tokenizer)
+
+    def _token_id(self, name: str) -> int | None:
+        token = self.special_tokens.get(name)
+        token_id = None if token is None else self._backend.token_to_id(token)
+        return None if token_id is None else int(token_id)
+
+    @property
+    def chat_template(self) -> str | dict[str, str] | None:
+        """The chat template's source (settable: a new template for later renders)."""
+        return None if self._template is None else self._template.source
+
+    @chat_template.setter
+    def chat_template(self, source: str | dict[str, str] | None) -> None:
+        self._template = ChatTemplate(source, self.special_tokens) if source else None
+        self._turn_tokens = None
+
     @property
     def chat_template_source(self) -> str | None:
         """The chat template's Jinja source (all named templates joined), for format
         detection; None when the tokenizer has none."""
-        template = getattr(self._tok, "chat_template", None)
-        if isinstance(template, dict):
-            return "\n".join(str(t) for t in template.values())
-        return template if isinstance(template, str) else None
+        return None if self._template is None else self._template.text
+
+    @property
+    def backend_tokenizer(self) -> Any:
+        """The ``tokenizers.Tokenizer`` doing the work."""
+        return self._backend
 
     @property
     def turn_tokens(self) -> int:
@@ -115,8 +150,14 @@ class HFTokenizer:
 
     @property
     def transformers_tokenizer(self) -> Any:
-        """The wrapped transformers tokenizer."""
-        return self._tok
+        """A transformers tokenizer of the same files (built on first read: transformers is
+        imported only then), e.g. as a reference in tests. None when built from a tokenizer
+        object without a directory."""
+        if self._transformers is None and self._directory is not None:
+            from transformers import PreTrainedTokenizerFast
+
+            self._transformers = PreTrainedTokenizerFast.from_pretrained(str(self._directory))
+        return self._transformers
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a raw completion prompt; ``bos_token_id`` first only when
@@ -156,7 +197,7 @@ class HFTokenizer:
         Raises:
             PromptTooLong: :attr:`prompt_limit` is set and the rendered text provably has more
                 tokens (special tokens counted, the rest bounded by :attr:`max_token_chars`).
-            ValueError: the tokenizer has no chat template (from transformers).
+            ValueError: the tokenizer has no chat template.
             jinja2 errors raised by the template itself (e.g. ``raise_exception`` calls).
         """
         protected = self._plain_specials.protect(messages, template_kwargs)
@@ -192,12 +233,9 @@ class HFTokenizer:
         return RenderedPrompt(token_ids=ids, message_ends=message_ends, text=text)
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, **template_kwargs: Any) -> str:
-        text = self._tok.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=False, **template_kwargs
-        )
-        if not isinstance(text, str):
-            raise TypeError(f"apply_chat_template returned {type(text).__name__}, expected str")
-        return text
+        if self._template is None:
+            raise ValueError("this tokenizer has no chat template")
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt, **template_kwargs)
 
     def incremental_decoder(self, context_ids: Sequence[int] = ()) -> StreamingDecoder:
         """A fresh :class:`StreamingDecoder`; ``context_ids`` (e.g. the prompt) only give
@@ -219,8 +257,10 @@ def load_tokenizer(model_dir: str | os.PathLike[str]) -> HFTokenizer:
     """Load the tokenizer of a Hugging Face model directory (e.g. from
     :func:`redlite.loading.gguf.resolve_model_dir`).
 
-    Uses ``PreTrainedTokenizerFast`` straight from ``tokenizer.json`` when present (a much
-    lighter import than ``AutoTokenizer``), else ``AutoTokenizer``. BOS: see
+    Reads ``tokenizer.json`` with ``tokenizers`` alone where that is the whole tokenizer
+    (:func:`redlite.loading.tokenizer_files.read_plain`: converted GGUFs and plain
+    directories), else through transformers (``PreTrainedTokenizerFast`` from
+    ``tokenizer.json``, else ``AutoTokenizer``). BOS: see
     :attr:`HFTokenizer.add_bos` (transformers 5 ignores ``add_bos_token`` for a plain
     ``tokenizer.json``, so it is read here). The eos ids gathered:
     ``eos_token_id`` (int or list) of ``generation_config.json`` and ``config.json`` (also
@@ -234,14 +274,17 @@ def load_tokenizer(model_dir: str | os.PathLike[str]) -> HFTokenizer:
     directory = Path(model_dir)
     if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
         raise FileNotFoundError(f"no tokenizer files ({', '.join(_TOKENIZER_FILES)}) in {directory}")
-    if (directory / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
+    plain = read_plain(directory)
+    tokenizer = None
+    if plain is None:
+        if (directory / "tokenizer.json").is_file():
+            from transformers import PreTrainedTokenizerFast
 
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
-    else:
-        from transformers import AutoTokenizer
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory))
+        else:
+            from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(directory))
+            tokenizer = AutoTokenizer.from_pretrained(str(directory))
 
     add_bos: bool | None = None
     config_path = directory / "tokenizer_config.json"
@@ -269,4 +312,7 @@ def load_tokenizer(model_dir: str | os.PathLike[str]) -> HFTokenizer:
                 eos.append(value)
             elif isinstance(value, list):
                 eos.extend(int(v) for v in value if isinstance(v, int))
-    return HFTokenizer(tokenizer, eos_token_ids=eos, add_bos=add_bos)
+    if tokenizer is not None:
+        return HFTokenizer.from_transformers(tokenizer, eos_token_ids=eos, add_bos=add_bos)
+    backend, specials, template, _config = plain
+    return HFTokenizer(backend, specials, template, eos, add_bos, directory=directory)

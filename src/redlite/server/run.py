@@ -171,9 +171,12 @@ def freeze_startup_objects() -> int:
     """Move every object alive now (the model, the tokenizer, imported modules: ~350k objects
     with the bundled model) out of the cyclic garbage collector's reach (:func:`gc.freeze`).
     Otherwise the full collection that a few large requests trigger walks them all, ~0.5 s
-    holding the GIL, stalling every other request. Returns the objects frozen."""
+    holding the GIL, stalling every other request. Turns the collector on (the CLI starts
+    with it off: each full collection while torch imports walks every object made so far).
+    Returns the objects frozen."""
     gc.collect()
     gc.freeze()
+    gc.enable()
     return gc.get_freeze_count()
 
 
