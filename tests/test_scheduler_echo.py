@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 
 import pytest
 
@@ -237,3 +238,52 @@ def test_placement_keeps_residents_and_prefers_forks_of_them():
                         SlotView(6, [8], True, True, last_used=2.0)], prompt) == 6
     with pytest.raises(ValueError):
         choose_slot([], prompt)
+
+
+def test_a_long_prefill_holds_the_others_back_by_one_chunk_at_most():
+    """A 2,000-token prompt (echo prefill: 0.5 ms per token, 1 s in all) arrives while another
+    conversation streams; with 50-token chunks its tokens keep coming (gaps ~ one chunk)."""
+    engine = EchoEngine(delay_ms=1.0, prefill_delay_ms=0.5)
+    state = echo_state(parallel=2, engine=engine, prefill_chunk=50)
+    worker = state.worker
+    stamps: list[float] = []
+    try:
+        streaming, events = job("stream " * 150)
+        original = streaming.deliver
+        streaming.deliver = lambda e: (stamps.append(time.monotonic()), original(e))
+        worker.submit(streaming)
+        while len(stamps) < 20:
+            streaming.finished.wait(0.01)
+        long_job, long_events = job("long " * 400)
+        begun = time.monotonic()
+        worker.submit(long_job)
+        assert long_job.finished.wait(30) and streaming.finished.wait(30)
+        prefill_s = result_of(long_events).ttft_ms / 1000.0
+    finally:
+        worker.shutdown(wait_s=2.0)
+    assert prefill_s > 0.9  # the long prefill really took its second
+    during = [b - a for a, b in zip(stamps, stamps[1:]) if begun <= a <= begun + prefill_s]
+    assert len(during) > 10 and max(during) < 0.2, max(during)
+
+
+def test_slots_and_conversations_show_every_slot(tmp_path):
+    async def probe(app, state):
+        async with async_client(app) as client:
+            await asyncio.gather(*(chat(client, [{"role": "user", "content": f"hello {i}"}])
+                                   for i in range(3)))
+            slots = (await client.get("/slots")).json()
+            live = [c for c in (await client.get("/v1/conversations")).json()["data"]
+                    if c["tier"] == "live"]
+            saved = await client.post("/slots/2?action=save", json={"filename": "two.bin"})
+            bad = await client.post("/slots/3?action=save", json={"filename": "x.bin"})
+            return slots, live, saved, bad
+
+    with echo_app(3, slot_dir=tmp_path) as (app, state):
+        slots, live, saved, bad = run(probe(app, state))
+    assert [s["id"] for s in slots] == [0, 1, 2]
+    assert sorted(s["n_past"] > 0 for s in slots) == [True] * 3
+    assert sorted(c["slot"] for c in live) == [0, 1, 2]
+    assert sorted(c["id"] for c in live) == ["live", "live-1", "live-2"]
+    assert saved.status_code == 200 and saved.json()["id_slot"] == 2
+    assert saved.json()["n_saved"] == slots[2]["n_past"]
+    assert bad.status_code == 400
