@@ -19,21 +19,25 @@ Usage (CPU, bundled model): PYTHONPATH=src .venv/bin/python bench/concurrent.py
   [--streams 1,2,4,8] [--max-tokens 64] [--context 1000] [--repeat 3] [--model PATH]
   [--device cpu|cuda] [--dtype bfloat16] [--ctx-size N] [--server-arg=--flag ...]
   [--engine torch|echo] [--machine NAME] [--out DIR]
-GPU, 8B shape (the lead): --model DIR --device cuda --dtype bfloat16 --streams 1,8,32
-  --max-tokens 256 --ctx-size 4096 (per slot, see the engine's docstring).
+GPU, 8B shape (the lead): --shape 8b --device cuda --dtype bfloat16 --streams 1,8,32
+  --max-tokens 256 --ctx-size 4096 --machine nvidia-h200 (random weights, bundled tokenizer).
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# this file's name would hide the standard library's ``concurrent`` package from its own folder
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import argparse
 import datetime
 import json
 import platform
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
@@ -125,6 +129,30 @@ def ttft_round(url: str, context: str, rep: int, with_sub: bool, max_tokens: int
             "prompt_tokens": second["usage"].get("prompt_tokens")}
 
 
+def random_model(shape: str, ctx: int) -> Path:
+    """A Hugging Face directory of ``shape`` with random weights and the bundled tokenizer
+    (bench/serve_gpu.py's ``build_dir``), written to a temporary directory."""
+    import tempfile
+
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "src"))
+    spec = importlib.util.spec_from_file_location("serve_gpu", ROOT / "bench/serve_gpu.py")
+    serve_gpu = importlib.util.module_from_spec(spec)  # torch is needed only here
+    spec.loader.exec_module(serve_gpu)
+    from redlite.loading.bundled import bundled_model_path
+    from redlite.loading.gguf import resolve_model_dir
+    from redlite.loading.tokenizer import load_tokenizer
+
+    tok_dir = Path(resolve_model_dir(bundled_model_path()))
+    tokenizer = load_tokenizer(tok_dir)
+    vocab = json.loads((tok_dir / "config.json").read_text())["vocab_size"]
+    work = Path(tempfile.mkdtemp(prefix="concurrent-"))
+    model_dir, model = serve_gpu.build_dir(shape, tok_dir, work, tokenizer.eos_token_ids, vocab, ctx)
+    del model
+    return model_dir
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", default="1,2,4,8")
@@ -133,6 +161,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--engine", default="torch")
     parser.add_argument("--model")
+    parser.add_argument("--shape", help="random bf16 weights of a bench/serve_gpu.py shape (8b, 1b, "
+                        "tiny; end-of-turn rows 0, so answers run to --max-tokens) instead of --model")
     parser.add_argument("--device")
     parser.add_argument("--dtype")
     parser.add_argument("--ctx-size", type=int, default=2048)
@@ -141,6 +171,8 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "bench/results"))
     args = parser.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
+    if args.shape:
+        args.model = str(random_model(args.shape, args.ctx_size))
     flags = ["--parallel", str(max(counts)), "--ctx-size", str(args.ctx_size), "--queue", "64",
              *args.server_arg]
     for name in ("model", "device", "dtype"):
