@@ -94,3 +94,31 @@ def test_four_conversations_at_once_match_each_alone(model):
     assert [texts for texts, _ in got] == [texts for texts, _ in expected]
     assert all(cached > 10 for _, cached in got)  # second turns reused their own first
     assert "Paris" in got[0][0][0]
+
+
+def test_a_seeded_sampled_answer_is_the_same_whatever_else_runs(model):
+    sampled = {"messages": [{"role": "user", "content": "Tell me about the sea."}], "temperature": 0.9,
+               "seed": 7, "max_tokens": 16, "logprobs": True, "top_logprobs": 2}
+
+    async def ask(client, body):
+        r = await client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        return choice["message"]["content"], [
+            (t["token"], round(t["logprob"], 3)) for t in choice["logprobs"]["content"]]
+
+    async def together(app):
+        async with async_client(app) as client:
+            others = [dict(sampled, seed=None, temperature=0, messages=[{"role": "user", "content": q}])
+                      for q in QUESTIONS[:2]]
+            return (await asyncio.gather(*(ask(client, b) for b in [sampled, *others])))[0]
+
+    async def alone(app):
+        async with async_client(app) as client:
+            return await ask(client, sampled)
+
+    with model_app(model, 3) as (app, _):
+        got = asyncio.run(asyncio.wait_for(together(app), 600))
+    with model_app(model, 1) as (app, _):
+        expected = asyncio.run(asyncio.wait_for(alone(app), 600))
+    assert got == expected and len(got[1]) == 16

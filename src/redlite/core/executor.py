@@ -142,14 +142,15 @@ class EngineExecutor:
             self.batched_tokens += len(proxies)
         except EngineError:  # a full context refused before any change: slot by slot
             for proxy, token, future in zip(proxies, tokens, futures):
-                _settle(future, lambda: proxy.target.decode(token))
+                _settle(future, lambda: proxy.presample(proxy.target.decode(token)))
             return
         except BaseException as error:  # noqa: BLE001 - every slot in the batch hears of it
             log.exception("decode batch of %d slots failed", len(proxies))
             for future in futures:
                 future.set_exception(error)
             return
-        for future, result in zip(futures, results):
+        for proxy, future, result in zip(proxies, futures, results):
+            proxy.presample(result)
             future.set_result(result)
 
 
@@ -161,16 +162,31 @@ def _settle(future: Future, fn: Callable[[], Any]) -> None:
 
 
 class _RemoteSampler(Sampler):
-    """A slot's sampler whose steps run on the executor thread."""
+    """A slot's sampler whose steps run on the executor thread: after a decode batch, right
+    away (:meth:`SlotProxy.presample`; its token is handed over when the generator asks for
+    it, one thread switch per token), else (the first token, after a prefill) on request."""
 
     def __init__(self, executor: EngineExecutor, sampler: Sampler) -> None:
         self._executor, self._sampler = executor, sampler
+        self.ahead: tuple[Any, int | None, BaseException | None] | None = None
 
     @property
     def last_logprob(self):  # type: ignore[override]
         return self._sampler.last_logprob
 
+    def sample_now(self, logits: Any) -> None:
+        """On the executor thread: sample ``logits`` and keep the token for :meth:`sample`."""
+        try:
+            self.ahead = (logits, self._sampler.sample(logits), None)
+        except Exception as error:  # noqa: BLE001 - raised where the generator asks
+            self.ahead = (logits, None, error)
+
     def sample(self, logits: Any) -> int:
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] is logits:
+            if ahead[2] is not None:
+                raise ahead[2]
+            return ahead[1]
         return self._executor.call(self._sampler.sample, logits)
 
 
@@ -183,6 +199,7 @@ class SlotProxy:
     def __init__(self, target: Engine, executor: EngineExecutor) -> None:
         self.target = target
         self.executor = executor
+        self.sampler: _RemoteSampler | None = None  # the running request's, sampled after decodes
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.target, name)
@@ -207,8 +224,18 @@ class SlotProxy:
 
     def make_sampler(self, params: Any, prompt_ids: Any = (), constraint: Any = None) -> Sampler:
         sampler = self.executor.call(self.target.make_sampler, params, prompt_ids, constraint)
-        return _RemoteSampler(self.executor, sampler)
+        self.sampler = _RemoteSampler(self.executor, sampler)
+        return self.sampler
+
+    def presample(self, logits: Any) -> Any:
+        """On the executor thread, after this slot's decode: sample its next token now (the
+        generator samples every decode's logits exactly once, and the sampler is the
+        request's alone). Returns ``logits``."""
+        if self.sampler is not None:
+            self.sampler.sample_now(logits)
+        return logits
 
     def rest(self) -> None:
         """This slot's generation has ended (see :meth:`EngineExecutor.rest`)."""
+        self.sampler = None
         self.executor.rest(self)

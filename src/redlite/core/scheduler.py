@@ -149,6 +149,7 @@ class Scheduler:
             chosen = self.lanes[choose_slot(views, request.prompt_ids, request.session_key)]
             self._waiting.popleft()
             chosen.job = job
+            self.executed += 1
             self._lock.notify_all()
 
     # --- the lanes ---------------------------------------------------------------------------
@@ -161,7 +162,6 @@ class Scheduler:
                 job = lane.job
                 if job is None:
                     return
-            self.executed += 1
             try:
                 run_job(lane.generator, job, on_result=lambda _result: lane.proxy.rest())
             finally:
