@@ -34,6 +34,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import threading
@@ -180,7 +181,8 @@ def main() -> int:
             flags += [f"--{name}", getattr(args, name)]
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "machine": args.machine, "flags": flags, "max_tokens": args.max_tokens,
-              "decode": [], "ttft": {"alone": [], "with_sub_agent": []}}
+              "decode": [], "ttft": {"alone": [], "with_sub_agent": []},
+              "load_before": os.getloadavg()}
     with ServerProcess(*flags, engine=args.engine, timeout_s=1800) as server:
         stream(server.url, story(999), 8)  # warm the server's first-request paths
         for rep in range(args.repeat):
@@ -192,6 +194,7 @@ def main() -> int:
             result["ttft"]["with_sub_agent"].append(ttft_round(server.url, context, rep, True,
                                                                args.max_tokens))
         result["log_tail"] = server.log().splitlines()[-20:]
+    result["load_after"] = os.getloadavg()
     write(result, counts, Path(args.out))
     return 0
 
@@ -208,7 +211,9 @@ def write(result: dict, counts: list[int], out: Path) -> None:
     alone = aggregate[counts[0]] if counts[0] == 1 else float("nan")
     lines = [f"# concurrent decode ({result['machine']}, {result['date']})", "",
              f"server flags: `{' '.join(result['flags'])}`; {result['max_tokens']} tokens per stream; "
-             f"medians of {len(rows[counts[0]])} rounds", "",
+             f"medians of {len(rows[counts[0]])} rounds; load average (1/5/15 min) before "
+             f"{'/'.join(f'{x:.1f}' for x in result['load_before'])}, after "
+             f"{'/'.join(f'{x:.1f}' for x in result['load_after'])}", "",
              "| streams | aggregate tok/s | x one stream | one stream's tok/s | % of alone |",
              "|---|---|---|---|---|"]
     for s in counts:

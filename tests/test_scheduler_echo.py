@@ -28,8 +28,9 @@ SYSTEM = {"role": "system", "content": "You are terse."}
 
 
 @contextlib.contextmanager
-def echo_app(parallel: int, delay_ms: float = 0.0, **kwargs):
-    state = echo_state(parallel=parallel, engine=EchoEngine(delay_ms=delay_ms), **kwargs)
+def echo_app(parallel: int, delay_ms: float = 0.0, can_rewind: bool = True, **kwargs):
+    state = echo_state(parallel=parallel, engine=EchoEngine(delay_ms=delay_ms, can_rewind=can_rewind),
+                       **kwargs)
     try:
         yield create_app(state), state
     finally:
@@ -72,7 +73,7 @@ async def conversation(client, name: str, turns: int, stream: bool, stop=None) -
         messages.append({"role": "user", "content": f"{name} says turn {t}: " + "word " * (3 + t)})
         fields = {"stop": stop} if stop else {}
         content, finish, cached = await chat(client, messages, stream, **fields)
-        out.append((content, finish))
+        out.append((content, finish, cached))
         messages.append({"role": "assistant", "content": content})
     return out
 
@@ -80,7 +81,8 @@ async def conversation(client, name: str, turns: int, stream: bool, stop=None) -
 NAMES = ["alpha", "bravo", "charlie", "delta"]
 
 
-def test_four_conversations_at_once_match_each_served_alone():
+@pytest.mark.parametrize("can_rewind", [True, False])  # False: a hybrid's checkpoints
+def test_four_conversations_at_once_match_each_served_alone(can_rewind):
     async def together(app):
         async with async_client(app) as client:
             return await asyncio.gather(*(conversation(client, n, 3, i % 2 == 1, ["turn 2"] if i == 3 else None)
@@ -91,16 +93,20 @@ def test_four_conversations_at_once_match_each_served_alone():
             return [await conversation(client, n, 3, i % 2 == 1, ["turn 2"] if i == 3 else None)
                     for i, n in enumerate(NAMES)]
 
-    with echo_app(4, delay_ms=1.0) as (app, state):
+    with echo_app(4, delay_ms=1.0, can_rewind=can_rewind) as (app, state):
         got = run(together(app))
         executor = state.worker.executor
         assert executor.batched_tokens > executor.batches  # decode steps were batched
         held = [g.held_ids for g in state.worker.generators]
         assert all(g.held_ids == g.engine.target.held_ids for g in state.worker.generators)
-    with echo_app(1) as (app, _):
+    with echo_app(1, can_rewind=can_rewind) as (app, _):
         expected = run(alone(app))
-    assert got == expected
-    assert got[3][2] == ("delta says ", "stop")  # the stop sequence cut exactly
+    # the same text, and later turns reuse as much (a first turn alone may reuse the system
+    # prompt the conversation before it left)
+    assert [[t[:2] for t in c] for c in got] == [[t[:2] for t in c] for c in expected]
+    assert [[t[2] for t in c[1:]] for c in got] == [[t[2] for t in c[1:]] for c in expected]
+    assert got[3][2][:2] == ("delta says ", "stop")  # the stop sequence cut exactly
+    assert all(turn[2] > 0 for conversation in got for turn in conversation[1:])  # reused
     assert sum(1 for h in held if h) == 4  # every conversation stayed resident in its slot
 
 
