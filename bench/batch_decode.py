@@ -55,8 +55,8 @@ def measure(pool, slots: list, context: int, steps: int, fill: str = "prefill", 
             with torch.inference_mode():
                 slot.state.cache.data[:, :, :, :context].normal_()
             slot.state.n_past = context
-            logits.append(slot.decode(1))
-    tokens = [int(torch.argmax(x)) for x in logits]
+    # (random fill: the first token is 1, so no slot decodes alone and captures its own graphs)
+    tokens = [int(torch.argmax(x)) for x in logits] if logits else [1] * len(slots)
     for _ in range(warm):
         tokens = [int(torch.argmax(x)) for x in pool.decode_batch(slots, tokens)]
     sync(device)
@@ -99,11 +99,22 @@ def cuda_pool(ctx_size: int, layers: int):
                        dtype=dtype), "random"
 
 
+def path_of(pool) -> str:
+    """How the pool decoded its last batch: ``graph`` (batched CUDA graphs), ``fused C`` (the
+    CPU step) or ``eager``."""
+    graphs = pool._shared.get("batch_graphs")
+    if graphs:
+        return f"batched graph ({graphs.captures} captures)" if graphs.use_graphs else "batched static-eager"
+    fused = getattr(pool.model, "_fused", None)
+    return "batched fused C" if fused is not None and fused() is not None else "batched eager"
+
+
 def markdown(result: dict) -> str:
     meta = result["meta"]
     lines = [f"# Batched decode, {meta['device']} ({meta['date']})", "",
              f"Model {meta['model']}; context {meta['context']} tokens per slot; {meta['steps']} timed steps; "
-             f"load average before the run {meta['load']}; command `{meta['command']}`.", "",
+             f"load average before the run {meta['load']}; best of {meta['rounds']} interleaved rounds; "
+             f"command `{meta['command']}`.", "",
              "| slots | aggregate tok/s | per stream tok/s | step ms | aggregate vs 1 slot |",
              "|---:|---:|---:|---:|---:|"]
     base = result["rows"][0]["agg_tok_s"]
@@ -120,6 +131,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, help="tokens each slot holds (default 64 CPU, 1024 CUDA)")
     parser.add_argument("--steps", type=int, help="timed steps (default 32 CPU, 64 CUDA)")
     parser.add_argument("--layers", type=int, default=36, help="layers of the CUDA model (default 36)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every count this many times, interleaved, and keep the best (noisy hosts)")
     parser.add_argument("--out", help="folder for JSON + markdown results")
     args = parser.parse_args()
     cuda = args.device == "cuda"
@@ -129,16 +142,20 @@ def main() -> None:
     load = os.getloadavg()[0]
     pool, fill = cuda_pool(context + steps + 64, args.layers) if cuda else cpu_pool(context + steps + 64)
     slots = [pool] + [pool.new_slot() for _ in range(max(counts) - 1)]
-    rows = []
-    for n in counts:
-        row = measure(pool, slots[:n], context, steps, fill)
-        row["path"] = pool.decode_path if n == 1 else "batched eager"
-        rows.append(row)
-        print(f"{n:>3} slots: {row['agg_tok_s']:8.1f} tok/s aggregate, {row['stream_tok_s']:7.1f} per stream, "
-              f"{row['step_ms']:6.1f} ms/step  [{row['path']}]", flush=True)
+    best: dict[int, dict] = {}
+    for _ in range(max(1, args.rounds)):
+        for n in counts:
+            row = measure(pool, slots[:n], context, steps, fill)
+            row["path"] = pool.decode_path if n == 1 else path_of(pool)
+            print(f"{n:>3} slots: {row['agg_tok_s']:8.1f} tok/s aggregate, {row['stream_tok_s']:7.1f} per stream, "
+                  f"{row['step_ms']:6.1f} ms/step  [{row['path']}]", flush=True)
+            if n not in best or row["agg_tok_s"] > best[n]["agg_tok_s"]:
+                best[n] = row
+    rows = [best[n] for n in dict.fromkeys(counts)]
     device = torch.cuda.get_device_name() if cuda else f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
     result = {"meta": {"device": device, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "model": pool.model_id, "context": context, "steps": steps, "load": round(load, 2),
+                       "rounds": max(1, args.rounds),
                        "command": "python3 bench/batch_decode.py " + " ".join(sys.argv[1:])},
               "rows": rows}
     text = markdown(result)
