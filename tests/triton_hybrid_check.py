@@ -60,11 +60,13 @@ def check_gated_attention(device, dtype, tol, gen):
             want_cache = cache.clone()
             want = REF.gated_rope_attend(qkv, pos, cos, sin, qn, kn, 1e-6, want_cache[0], want_cache[1], heads, kv,
                                          dim, 200)
-            for splits in (1, 3, 130):  # 130: the combine takes the head in feature chunks
+            # 130: the combine takes the head in feature chunks; separate: a second launch combines
+            for splits, separate in ((1, False), (3, False), (130, False), (130, True)):
                 got_cache = cache.clone()
                 got = tk.decode_attention(qkv, pos, cos, sin, qn, 1e-6, got_cache[0], got_cache[1], heads, kv, dim,
-                                          None, splits, counters, gated=True, k_norm_weight=kn).view(1, -1)
-                name = f"gated attention {heads}/{kv}/{dim}/{rotary} pos {p} splits {splits}"
+                                          None, splits, counters, gated=True, k_norm_weight=kn,
+                                          combine_in_kernel=not separate).view(1, -1)
+                name = f"gated attention {heads}/{kv}/{dim}/{rotary} pos {p} splits {splits} separate {separate}"
                 close(name, got, want, tol)
                 close(name + " k/v row", got_cache[:, :, p], want_cache[:, :, p], tol)
                 assert torch.equal(got_cache[:, :, :p], cache[:, :, :p]), name + ": rows before pos changed"

@@ -70,11 +70,13 @@ def check_attention(device, dtype, tol, gen):
                 want_cache = cache.clone()
                 want = REF.rope_attend(qkv, pos, cos, sin, nw, 1e-6, want_cache[0], want_cache[1], heads, kv, dim,
                                        300, window)
-                for splits in (1, 3, 7, 200):  # 200: the combine takes the head in feature chunks
+                # 200: the combine takes the head in feature chunks; separate: a second launch combines
+                for splits, separate in ((1, False), (3, False), (7, False), (200, False), (200, True)):
                     got_cache = cache.clone()
                     got = tk.decode_attention(qkv, pos, cos, sin, nw, 1e-6, got_cache[0], got_cache[1], heads,
-                                              kv, dim, window, splits, counters)
-                    name = f"attention {heads}/{kv}/{dim}/{rotary} pos {p} window {window} splits {splits}"
+                                              kv, dim, window, splits, counters, combine_in_kernel=not separate)
+                    name = (f"attention {heads}/{kv}/{dim}/{rotary} pos {p} window {window} splits {splits}"
+                            f"{' separate combine' if separate else ''}")
                     close(name, got, want, tol)
                     close(name + " k/v row", got_cache[:, :, p], want_cache[:, :, p], tol)
                     assert torch.equal(got_cache[:, :, :p], cache[:, :, :p]), name + ": rows before pos changed"

@@ -7,7 +7,8 @@ Each kernel replaces a chain of small torch ops and reads the position from a de
   launch: q/k RMSNorm (Qwen3) and rotary at ``pos``, k and v written into the KV cache, then
   split-KV ("flash decoding") attention over keys ``0..pos`` (or the last ``window``), each
   program one KV head (its query heads as the rows of a small matrix product) and one slice
-  of the keys; the last program of a KV head to finish combines the slices.
+  of the keys; the last program of a KV head to finish combines the slices (a second launch
+  does when that is much data: many slices of wide heads).
 * ``add_rms_norm``: ``x += delta`` (rounded to x's dtype), then RMSNorm of x, and
   ``silu_mul``: ``silu(gate) * up`` of the fused gate/up row; used when the matrix-vector
   products are cuBLAS's (with Triton's, :mod:`redlite.layers.triton_gemv` fuses both in).
@@ -92,7 +93,8 @@ def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, knw_ptr
                              BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
                              HAS_NORM: tl.constexpr, IEEE: tl.constexpr, BLOCK_S: tl.constexpr,
                              PDL: tl.constexpr, GATED: tl.constexpr = False, ZC: tl.constexpr = False,
-                             NW_ROWS: tl.constexpr = 1, QS: tl.constexpr = 0, DC: tl.constexpr = 64):
+                             NW_ROWS: tl.constexpr = 1, QS: tl.constexpr = 0, DC: tl.constexpr = 64,
+                             COMBINE: tl.constexpr = True):
     # GATED (Qwen3.5): each query head's D features are followed by D gate features, and the
     # output is multiplied by sigmoid(gate). NW_ROWS 1: one norm row per head (q rows in
     # nw_ptr, k rows in knw_ptr); 0: one row shared by the q heads and one by the k heads.
@@ -154,26 +156,48 @@ def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, knw_ptr
     lse = tl.where(full, m_i + tl.log2(tl.where(full, l_i, 1.0)), float("-inf"))
     tl.store(o_ptr + (split * H + heads)[:, None] * D + d[None, :], out, mask=gmask[:, None])
     tl.store(lse_ptr + split * H + heads, lse, mask=gmask)
-    # the last program of this KV head to finish combines the slices (no second kernel)
-    tl.debug_barrier()
-    done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
-    if done == n_splits - 1:
-        sp = tl.arange(0, BLOCK_S)
-        smask = sp < n_splits
-        dc = tl.arange(0, DC)
-        for j in tl.static_range(GROUP):  # every slice of one query head per load
-            head = kvh * GROUP + j
-            part_lse = tl.load(lse_ptr + sp * H + head, mask=smask, other=float("-inf"), cache_modifier=".cg")
-            w = tl.exp2(part_lse - tl.max(part_lse, axis=0))
-            for d0 in tl.static_range(0, D, DC):  # DC features at a time: [BLOCK_S, DC] stays in registers
-                part = tl.load(o_ptr + (sp[:, None] * H + head) * D + d0 + dc[None, :], mask=smask[:, None],
-                               other=0.0, cache_modifier=".cg")
-                res = (tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)).to(dt)
-                if GATED:
-                    gate = tl.load(qkv_ptr + head * QS + D + d0 + dc).to(tl.float32)
-                    res = (res.to(tl.float32) * (1.0 / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)).to(dt)
-                tl.store(out_ptr + head * D + d0 + dc, res)
-        tl.atomic_xchg(count_ptr + kvh, 0)
+    if COMBINE:  # the last program of this KV head to finish combines the slices
+        tl.debug_barrier()
+        done = tl.atomic_add(count_ptr + kvh, 1, sem="acq_rel")
+        if done == n_splits - 1:
+            active = tl.cdiv(n - first, per)
+            for j in tl.static_range(GROUP):
+                for d0 in tl.static_range(0, D, DC):
+                    _combine_head(o_ptr, lse_ptr, qkv_ptr, out_ptr, kvh * GROUP + j, d0, active, H, D, QS,
+                                  GATED, BLOCK_S, DC)
+            tl.atomic_xchg(count_ptr + kvh, 0)
+
+
+@triton.jit
+def _combine_head(o_ptr, lse_ptr, qkv_ptr, out_ptr, head, d0, active, H: tl.constexpr, D: tl.constexpr,
+                  QS: tl.constexpr, GATED: tl.constexpr, BLOCK_S: tl.constexpr, DC: tl.constexpr):
+    """Features ``d0 .. d0 + DC`` of query head ``head``: the slices' partial outputs
+    weighted by their log-sum-exp; only the first ``active`` slices hold keys."""
+    dt = out_ptr.dtype.element_ty
+    sp = tl.arange(0, BLOCK_S)
+    smask = sp < active
+    dc = tl.arange(0, DC)
+    part_lse = tl.load(lse_ptr + sp * H + head, mask=smask, other=float("-inf"), cache_modifier=".cg")
+    w = tl.exp2(part_lse - tl.max(part_lse, axis=0))
+    part = tl.load(o_ptr + (sp[:, None] * H + head) * D + d0 + dc[None, :], mask=smask[:, None],
+                   other=0.0, cache_modifier=".cg")
+    res = (tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)).to(dt)
+    if GATED:
+        gate = tl.load(qkv_ptr + head * QS + D + d0 + dc).to(tl.float32)
+        res = (res.to(tl.float32) * (1.0 / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)).to(dt)
+    tl.store(out_ptr + head * D + d0 + dc, res)
+
+
+@triton.jit
+def _combine_kernel(o_ptr, lse_ptr, qkv_ptr, pos_ptr, out_ptr, window, n_splits, H: tl.constexpr,
+                    D: tl.constexpr, QS: tl.constexpr, GATED: tl.constexpr, BLOCK_S: tl.constexpr,
+                    DC: tl.constexpr, BLOCK_N: tl.constexpr):
+    # the split combine as its own launch: one program per (query head, DC features)
+    n = tl.load(pos_ptr) + 1
+    first = tl.maximum(n - window, 0)
+    per = tl.cdiv(tl.cdiv(n - first, n_splits), BLOCK_N) * BLOCK_N
+    _combine_head(o_ptr, lse_ptr, qkv_ptr, out_ptr, tl.program_id(0), tl.program_id(1) * DC,
+                  tl.cdiv(n - first, per), H, D, QS, GATED, BLOCK_S, DC)
 
 
 @triton.jit
@@ -216,7 +240,12 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 # stages 2 / 33 splits 47.1 and 44.0 us, stages 3 / 33 splits 39.9 and 41.3 us (2.9-3.4 TB/s);
 # 66 splits, block_n 128 or 8 warps were no better on the second machine. Not re-swept for the
 # one-kernel attention (its 32k decode is 86% of the bandwidth bound in bench/results/).
-ATTN_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "splits_per_sm": 2}
+ATTN_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "splits_per_sm": 2,
+               # the most partial-output floats (query heads per KV head x splits x head size) the
+               # last program of a KV head combines itself; above it a second launch does, spread
+               # over (head, features) programs. 0: always the second launch, faster for every
+               # shape and context measured (bench/results/attn-combine-2026-12-02-nvidia-h200.md)
+               "combine_in_kernel_max": 0}
 # Per head size, where other settings measured faster (bench/hybrid_tune.py; its output is in
 # bench/results/hybrid-tune-*); missing keys come from ATTN_CONFIG.
 ATTN_CONFIGS_BY_DIM: dict[int, dict] = {256: {"block_n": 32, "num_warps": 4, "num_stages": 2}}
@@ -240,7 +269,7 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
                      n_heads: int, n_kv_heads: int, head_dim: int, window: int | None, n_splits: int,
                      counters: torch.Tensor, block_n: int | None = None, num_warps: int | None = None,
                      num_stages: int | None = None, pdl: int = 0, gated: bool = False,
-                     k_norm_weight: torch.Tensor | None = None) -> torch.Tensor:
+                     k_norm_weight: torch.Tensor | None = None, combine_in_kernel: bool | None = None) -> torch.Tensor:
     """Attention of one token in one kernel launch: from its fused projection ``qkv`` [1,
     (H + 2 KV) * D] (see :meth:`redlite.layers.decode_ops.TorchDecodeOps.rope_attend`: q/k
     RMSNorm with ``norm_weight`` [H + KV, D] when given, rotary at ``pos`` from the tables
@@ -251,7 +280,9 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     Split-KV ("flash decoding"): ``n_splits`` programs per KV head each take a slice of the
     keys, and the last of them to finish (counted in ``counters``, int32 [KV] zeros, reset by
     the kernel) combines the slices. ``block_n`` (keys per step), ``num_warps``,
-    ``num_stages``: launch settings, default :func:`attn_config`. ``pdl``: programmatic dependent
+    ``num_stages``: launch settings, default :func:`attn_config`. ``combine_in_kernel``: the
+    last program combines (one launch), else a second launch does; default by
+    ``combine_in_kernel_max`` of :func:`attn_config`. ``pdl``: programmatic dependent
     launch (see :mod:`redlite.layers.triton_gemv`).
 
     Qwen3.5 gated attention (``gated``): ``qkv`` is [1, (2H + 2 KV) * D] with each query
@@ -268,6 +299,9 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
     o_part = torch.empty(n_splits, n_heads, head_dim, device=qkv.device, dtype=torch.float32)
     lse = torch.empty(n_splits, n_heads, device=qkv.device, dtype=torch.float32)
     out = torch.empty(n_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
+    block_s = triton.next_power_of_2(n_splits)
+    if combine_in_kernel is None:
+        combine_in_kernel = group * block_s * head_dim <= config["combine_in_kernel_max"]
     if gated:
         knw = k_norm_weight
     else:  # the k rows follow the q rows of the per-head norm weight
@@ -278,9 +312,15 @@ def decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, si
         int(window or NO_WINDOW), LOG2E / math.sqrt(head_dim), float(eps), n_splits, H=n_heads, KV=n_kv_heads,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=head_dim,
         R=cos.shape[-1], HAS_NORM=norm_weight is not None, IEEE=qkv.dtype == torch.float32,
-        BLOCK_S=triton.next_power_of_2(n_splits), PDL=int(pdl), GATED=bool(gated), ZC=bool(gated),
+        BLOCK_S=block_s, PDL=int(pdl), GATED=bool(gated), ZC=bool(gated),
         NW_ROWS=0 if gated else 1, QS=(2 if gated else 1) * head_dim, DC=combine_chunk(n_splits, head_dim),
-        num_warps=num_warps, num_stages=num_stages, **_pdl(pdl))
+        COMBINE=bool(combine_in_kernel), num_warps=num_warps, num_stages=num_stages, **_pdl(pdl))
+    if not combine_in_kernel:
+        dc = min(head_dim, combine_chunk(n_splits, head_dim, 4096))
+        _combine_kernel[(n_heads, head_dim // dc)](
+            o_part, lse, qkv, pos, out, int(window or NO_WINDOW), n_splits, H=n_heads, D=head_dim,
+            QS=(2 if gated else 1) * head_dim, GATED=bool(gated), BLOCK_S=block_s, DC=dc, BLOCK_N=block_n,
+            num_warps=4)
     return out
 
 
