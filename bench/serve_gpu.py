@@ -156,14 +156,15 @@ def words(n_tokens: int, seed: int) -> str:
     return " ".join(f"{rng.choice(vocab)}{rng.randrange(100)}" for _ in range(int(n_tokens / 2.9)))
 
 
-def chat(url: str, messages: list[dict], max_tokens: int, **sampling) -> dict:
-    """One streamed chat request: client TTFT (first content chunk), client decode rate, text,
-    usage."""
+def chat(client: httpx.Client, messages: list[dict], max_tokens: int, **sampling) -> dict:
+    """One streamed chat request over ``client`` (one per server, kept open as an SDK's is:
+    making an httpx client costs tens of ms, which a TTFT must not count): client TTFT (first
+    content chunk), client decode rate, text, usage."""
     body = {"messages": messages, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}, "temperature": 0, **sampling}
     pieces, usage, stamps = [], {}, []
     sent = time.perf_counter()
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=900) as r:
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -214,18 +215,23 @@ def serve(model_dir: Path, args, ctx: int) -> dict:
 
 def _requests(server, args, out: dict, started: float) -> None:
     out["ready_s"] = time.perf_counter() - started
+    with httpx.Client(base_url=server.url, timeout=900) as client:
+        _chats(client, args, out)
+
+
+def _chats(client: httpx.Client, args, out: dict) -> None:
     for i in range(4):
-        res = chat(server.url, [{"role": "user", "content": words(args.prompt, seed=i)}], args.decode)
+        res = chat(client, [{"role": "user", "content": words(args.prompt, seed=i)}], args.decode)
         out["decode"].append(res)
-    out["sampled"] = chat(server.url, [{"role": "user", "content": words(args.prompt, seed=9)}], args.decode,
+    out["sampled"] = chat(client, [{"role": "user", "content": words(args.prompt, seed=9)}], args.decode,
                           temperature=0.8, top_p=0.95, top_k=50, seed=1)
     for held in args.held:
         first = [{"role": "user", "content": words(held, seed=100 + held)}]
-        new = chat(server.url, first, 32)
-        regen = chat(server.url, first, 8)
+        new = chat(client, first, 32)
+        regen = chat(client, first, 8)
         turn2 = first + [{"role": "assistant", "content": regen["text"]},
                          {"role": "user", "content": "Which detail matters most, and why?"}]
-        second = chat(server.url, turn2, 8)
+        second = chat(client, turn2, 8)
         for case, res in (("new conversation", new), ("regenerate", regen), ("second turn", second)):
             out["ttft"].append({"held": held, "case": case, "prompt_tokens": res["prompt_tokens"],
                                 "cached_tokens": res["cached_tokens"], "ttft_ms": res["ttft_ms"]})
