@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from redlite.engine.cuda_graphs import bucket_spans, choose_span
+from redlite.engine.graph_capture import capture_graph
 from redlite.engine.kernel_options import KernelOptions
 from redlite.layers.decode_ops import TorchDecodeOps, decode_ops
 from redlite.models.batch_step import batch_decode_step
@@ -117,9 +118,8 @@ class BatchGraphs:
                     state.import_recurrent(payload, state.n_past)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                logits = batch_decode_step(self.model, tokens, pos, states, span, self.ops)
+            graph, logits = capture_graph(lambda: batch_decode_step(self.model, tokens, pos, states, span, self.ops),
+                                          self.device, self._pool)
         except Exception:  # noqa: BLE001 - any capture trouble: this set decodes eagerly
             log.exception("batched decode graph capture failed for %d slots; eager", len(states))
             for state, payload in zip(states, saved):
