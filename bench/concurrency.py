@@ -15,7 +15,7 @@ One server (``redlite serve --parallel P``, P = the most streams asked for) answ
 
 Prints a Markdown table and writes ``bench/results/concurrent-DATE-MACHINE.{md,json}``.
 
-Usage (CPU, bundled model): PYTHONPATH=src .venv/bin/python bench/concurrent.py
+Usage (CPU, bundled model): PYTHONPATH=src .venv/bin/python bench/concurrency.py
   [--streams 1,2,4,8] [--max-tokens 64] [--context 1000] [--repeat 3] [--model PATH]
   [--device cpu|cuda] [--dtype bfloat16] [--ctx-size N] [--server-arg=--flag ...]
   [--engine torch|echo] [--machine NAME] [--out DIR]
@@ -25,20 +25,16 @@ GPU, 8B shape (the lead): --shape 8b --device cuda --dtype bfloat16 --streams 1,
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# this file's name would hide the standard library's ``concurrent`` package from its own folder
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 import argparse
 import datetime
 import json
 import os
 import platform
 import statistics
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
@@ -130,9 +126,10 @@ def ttft_round(url: str, context: str, rep: int, with_sub: bool, max_tokens: int
             "prompt_tokens": second["usage"].get("prompt_tokens")}
 
 
-def random_model(shape: str, ctx: int) -> Path:
-    """A Hugging Face directory of ``shape`` with random weights and the bundled tokenizer
-    (bench/serve_gpu.py's ``build_dir``), written to a temporary directory."""
+def random_model(shape: str, ctx: int, tokenizer_dir: str | None = None) -> Path:
+    """A Hugging Face directory of ``shape`` with random weights and the tokenizer of
+    ``tokenizer_dir`` (default: the bundled model's), as bench/serve_gpu.py's ``build_dir``
+    writes it, in a temporary directory."""
     import tempfile
 
     import importlib.util
@@ -145,7 +142,7 @@ def random_model(shape: str, ctx: int) -> Path:
     from redlite.loading.gguf import resolve_model_dir
     from redlite.loading.tokenizer import load_tokenizer
 
-    tok_dir = Path(resolve_model_dir(bundled_model_path()))
+    tok_dir = Path(tokenizer_dir) if tokenizer_dir else Path(resolve_model_dir(bundled_model_path()))
     tokenizer = load_tokenizer(tok_dir)
     vocab = json.loads((tok_dir / "config.json").read_text())["vocab_size"]
     work = Path(tempfile.mkdtemp(prefix="concurrent-"))
@@ -164,6 +161,8 @@ def main() -> int:
     parser.add_argument("--model")
     parser.add_argument("--shape", help="random bf16 weights of a bench/serve_gpu.py shape (8b, 1b, "
                         "tiny; end-of-turn rows 0, so answers run to --max-tokens) instead of --model")
+    parser.add_argument("--tokenizer", help="with --shape: a directory with tokenizer.json and "
+                        "config.json (default: the bundled model's)")
     parser.add_argument("--device")
     parser.add_argument("--dtype")
     parser.add_argument("--ctx-size", type=int, default=2048)
@@ -173,7 +172,7 @@ def main() -> int:
     args = parser.parse_args()
     counts = [int(s) for s in args.streams.split(",")]
     if args.shape:
-        args.model = str(random_model(args.shape, args.ctx_size))
+        args.model = str(random_model(args.shape, args.ctx_size, args.tokenizer))
     flags = ["--parallel", str(max(counts)), "--ctx-size", str(args.ctx_size), "--queue", "64",
              *args.server_arg]
     for name in ("model", "device", "dtype"):
