@@ -19,18 +19,21 @@ benches call.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# this folder last on the path: its concurrent.py would hide the standard library's package
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if p != _HERE] + [_HERE]
+
 import argparse
 import json
 import os
 import platform
-import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def sync(device: torch.device) -> None:
@@ -79,14 +82,19 @@ def cpu_pool(ctx_size: int):
     return TorchEngine(model, model_id="SmolLM2-135M-Q4_1", ctx_size=ctx_size, device="cpu"), "prefill"
 
 
-def cuda_pool(ctx_size: int, layers: int):
+def shape_pool(ctx_size: int, layers: int, device: str = "cuda", tiny: bool = False):
+    """A pool over a Qwen3-8B-shaped Llama-family model with random bfloat16 weights on
+    ``device`` (``tiny``: hidden 256, vocab 1000, for a CPU smoke run of this path)."""
     from gpu_hf import QWEN3_8B
 
     from redlite.engine.torch_engine import TorchEngine
     from redlite.models.llama import LlamaModel
 
-    device, dtype = torch.device("cuda"), torch.bfloat16
+    device, dtype = torch.device(device), torch.bfloat16
     config = dict(QWEN3_8B, num_hidden_layers=layers, model_type="qwen3")
+    if tiny:
+        config.update(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=64, vocab_size=1000)
     model = LlamaModel(config, device=device, dtype=dtype)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
@@ -95,8 +103,9 @@ def cuda_pool(ctx_size: int, layers: int):
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=gen)
-    return TorchEngine(model, model_id=f"qwen3-8b-shape-{layers}l", ctx_size=ctx_size, device=device,
-                       dtype=dtype), "random"
+    name = f"qwen3-8b-shape-{layers}l" + ("-tiny" if tiny else "")
+    return TorchEngine(model, model_id=name, ctx_size=ctx_size, device=device, dtype=dtype,
+), "random"
 
 
 def path_of(pool) -> str:
@@ -127,6 +136,8 @@ def markdown(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--shape", choices=["bundled", "8b"], help="model (default: bundled on CPU, 8b on CUDA)")
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # CPU smoke run of --shape 8b
     parser.add_argument("--slots", help="comma-separated slot counts (default 1,2,4,8 CPU; 1,8,32 CUDA)")
     parser.add_argument("--context", type=int, help="tokens each slot holds (default 64 CPU, 1024 CUDA)")
     parser.add_argument("--steps", type=int, help="timed steps (default 32 CPU, 64 CUDA)")
@@ -136,11 +147,13 @@ def main() -> None:
     parser.add_argument("--out", help="folder for JSON + markdown results")
     args = parser.parse_args()
     cuda = args.device == "cuda"
+    shape = args.shape or ("8b" if cuda else "bundled")
     counts = [int(n) for n in (args.slots or ("1,8,32" if cuda else "1,2,4,8")).split(",")]
     context = args.context or (1024 if cuda else 64)
     steps = args.steps or (64 if cuda else 32)
     load = os.getloadavg()[0]
-    pool, fill = cuda_pool(context + steps + 64, args.layers) if cuda else cpu_pool(context + steps + 64)
+    size = context + steps + 64
+    pool, fill = shape_pool(size, args.layers, args.device, args.tiny) if shape == "8b" else cpu_pool(size)
     slots = [pool] + [pool.new_slot() for _ in range(max(counts) - 1)]
     best: dict[int, dict] = {}
     for _ in range(max(1, args.rounds)):
