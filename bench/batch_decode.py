@@ -63,13 +63,14 @@ def measure(pool, slots: list, context: int, steps: int, fill: str = "prefill", 
     for _ in range(warm):
         tokens = [int(torch.argmax(x)) for x in pool.decode_batch(slots, tokens)]
     sync(device)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         tokens = [int(torch.argmax(x)) for x in pool.decode_batch(slots, tokens)]
-    elapsed = time.perf_counter() - t0
+    sync(device)
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(slots)
     return {"slots": n, "context": context, "agg_tok_s": n * steps / elapsed, "stream_tok_s": steps / elapsed,
-            "step_ms": 1000 * elapsed / steps}
+            "step_ms": 1000 * elapsed / steps, "tok_per_cpu_s": n * steps / cpu}
 
 
 def cpu_pool(ctx_size: int):
@@ -124,12 +125,13 @@ def markdown(result: dict) -> str:
              f"Model {meta['model']}; context {meta['context']} tokens per slot; {meta['steps']} timed steps; "
              f"load average before the run {meta['load']}; best of {meta['rounds']} interleaved rounds; "
              f"command `{meta['command']}`.", "",
-             "| slots | aggregate tok/s | per stream tok/s | step ms | aggregate vs 1 slot |",
-             "|---:|---:|---:|---:|---:|"]
-    base = result["rows"][0]["agg_tok_s"]
+             "| slots | aggregate tok/s | per stream tok/s | step ms | aggregate vs 1 slot | tok per CPU-s | vs 1 slot |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    base, base_cpu = result["rows"][0]["agg_tok_s"], result["rows"][0]["tok_per_cpu_s"]
     for row in result["rows"]:
         lines.append(f"| {row['slots']} | {row['agg_tok_s']:.1f} | {row['stream_tok_s']:.1f} | "
-                     f"{row['step_ms']:.1f} | {row['agg_tok_s'] / base:.2f}x |")
+                     f"{row['step_ms']:.1f} | {row['agg_tok_s'] / base:.2f}x | {row['tok_per_cpu_s']:.1f} | "
+                     f"{row['tok_per_cpu_s'] / base_cpu:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -144,6 +146,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=36, help="layers of the CUDA model (default 36)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every count this many times, interleaved, and keep the best (noisy hosts)")
+    parser.add_argument("--threads", type=int, help="CPU threads (torch and the C kernels; default as torch)")
     parser.add_argument("--out", help="folder for JSON + markdown results")
     args = parser.parse_args()
     cuda = args.device == "cuda"
@@ -151,6 +154,11 @@ def main() -> None:
     counts = [int(n) for n in (args.slots or ("1,8,32" if cuda else "1,2,4,8")).split(",")]
     context = args.context or (1024 if cuda else 64)
     steps = args.steps or (64 if cuda else 32)
+    if args.threads:
+        from redlite.kernels import native
+
+        torch.set_num_threads(args.threads)
+        native.set_threads(args.threads)
     load = os.getloadavg()[0]
     size = context + steps + 64
     pool, fill = shape_pool(size, args.layers, args.device, args.tiny) if shape == "8b" else cpu_pool(size)
@@ -161,7 +169,7 @@ def main() -> None:
             row = measure(pool, slots[:n], context, steps, fill)
             row["path"] = pool.decode_path if n == 1 else path_of(pool)
             print(f"{n:>3} slots: {row['agg_tok_s']:8.1f} tok/s aggregate, {row['stream_tok_s']:7.1f} per stream, "
-                  f"{row['step_ms']:6.1f} ms/step  [{row['path']}]", flush=True)
+                  f"{row['step_ms']:6.1f} ms/step, {row['tok_per_cpu_s']:7.1f} tok/CPU-s  [{row['path']}]", flush=True)
             if n not in best or row["agg_tok_s"] > best[n]["agg_tok_s"]:
                 best[n] = row
     rows = [best[n] for n in dict.fromkeys(counts)]
