@@ -208,3 +208,23 @@ def test_hybrid_slots_independent_through_checkpoints():
     want = ref_b.snapshot()
     for name, tensor in want.tensors.items():
         assert torch.allclose(held.tensors[name], tensor, atol=1e-4), name
+
+
+def test_batch_graphs_capture_only_steady_sets(monkeypatch):
+    """A set of slots is captured once it decoded ``capture_after`` steps in a row; sets that
+    keep changing run eagerly (the capture itself is a CUDA matter: recorded here)."""
+    model = make_llama()
+    pool = TorchEngine(model, ctx_size=64, device="cpu", cuda_graphs=True)
+    a, b, c = pool, pool.new_slot(), pool.new_slot()
+    for slot in (a, b, c):
+        slot.prefill([1, 2, 3])
+    graphs = BatchGraphs(model, a.state, use_graphs=True, capture_after=3)
+    pool._shared["batch_graphs"] = graphs
+    captured = []
+    monkeypatch.setattr(graphs, "_capture", lambda key, states, span, host: captured.append(len(states)))
+    for slots in ([a, b], [a, c], [a, b], [a, c], [b, c], [b, c]):
+        pool.decode_batch(slots, [4] * len(slots))
+    assert captured == []
+    pool.decode_batch([b, c], [5, 5])
+    assert captured == [2]
+    assert (a.n_past, b.n_past, c.n_past) == (7, 8, 8)
