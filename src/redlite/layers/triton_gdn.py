@@ -78,10 +78,10 @@ def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_
         tl.debug_barrier()  # every old conv value is read before any is overwritten
         _store_state(cs_ptr, v_ch, v_next, KW, KP)
         b = tl.load(proj_ptr + CONV_DIM + HV * DV + h).to(tl.float32)
-        a = tl.load(proj_ptr + CONV_DIM + HV * DV + HV + h).to(tl.float32) + tl.load(dtb_ptr + h)
+        a = tl.load(proj_ptr + CONV_DIM + HV * DV + HV + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
         beta = 1.0 / (1.0 + tl.exp(-b))
         softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-        decay = tl.exp(-tl.exp(tl.load(alog_ptr + h)) * softplus)
+        decay = tl.exp(-tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus)
         s_ptrs = state_ptr + h * DK * DV + kk[:, None] * DV + vv[None, :]
         s = tl.load(s_ptrs) * decay
         delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
