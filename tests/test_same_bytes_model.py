@@ -46,20 +46,23 @@ def bundled():
     from redlite.engine.factory import load_engine
 
     engine, tokenizer = load_engine(None, ctx_size=2048, device="cpu")
-    return engine, tokenizer, tokenizer.transformers_tokenizer.chat_template
+    return engine, tokenizer, tokenizer.chat_template
 
 
 @contextlib.contextmanager
-def server(engine, tokenizer, same_bytes: bool):
+def server(engine, tokenizer, same_bytes: bool, replay: str = "exact", replay_bytes: int = 0,
+           reuse: bool = True):
+    """An in-process server on ``engine`` (``client.generator``, ``client.state``); by default
+    with no kept turns (``replay_bytes=0``)."""
     from redlite.core.generation import Generator, GeneratorSettings
     from redlite.core.worker import EngineWorker
     from redlite.server.app import ServerState, create_app
     from redlite.server.chat_service import ChatOptions
 
-    generator = Generator(engine, tokenizer, GeneratorSettings(same_bytes=same_bytes))
+    generator = Generator(engine, tokenizer, GeneratorSettings(reuse=reuse, same_bytes=same_bytes))
     worker = EngineWorker(generator)
     state = ServerState(worker, tokenizer, "bundled", engine.max_context,
-                        chat_options=ChatOptions(replay_bytes=0))
+                        chat_options=ChatOptions(replay=replay, replay_bytes=replay_bytes))
     try:
         with TestClient(create_app(state), base_url="http://127.0.0.1") as client:
             client.generator, client.state = generator, state
@@ -115,7 +118,7 @@ def test_answer_sent_back_as_text_keeps_held_ids_and_equals_cold(bundled, case):
     from redlite.engine.base import SamplingParams
 
     engine, tokenizer, bundled_template = bundled
-    tokenizer.transformers_tokenizer.chat_template = TEMPLATE if case == "tool-call" else bundled_template
+    tokenizer.chat_template = TEMPLATE if case == "tool-call" else bundled_template
     with server(engine, tokenizer, same_bytes=True) as warm:
         held, usage2, prompt2, answer2, plain = session(warm, case)
     assert usage2["prompt_tokens_details"]["cached_tokens"] == len(held), (case, usage2, len(held))
@@ -131,3 +134,98 @@ def test_answer_sent_back_as_text_keeps_held_ids_and_equals_cold(bundled, case):
     print(case, "cached", usage2["prompt_tokens_details"]["cached_tokens"], "of held", len(held),
           "| without byte matching", usage_off["prompt_tokens_details"]["cached_tokens"], "of",
           len(held_off))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3_5"])
+def tiny(request, tmp_path_factory):
+    """A tiny random KV model (llama) or hybrid (Qwen3.5: checkpoints only) with the SmolLM2
+    tokenizer and its template (no think block that history turns would drop)."""
+    from test_replay_tiny_models import build_model_dir
+
+    from redlite.engine.factory import load_engine
+    from redlite.loading.bundled import bundled_model_path
+    from redlite.loading.gguf import resolve_model_dir
+    from redlite.loading.tokenizer import load_tokenizer
+
+    engine, tokenizer = load_engine(str(build_model_dir(request.param, tmp_path_factory)),
+                                    ctx_size=2048, device="cpu")
+    tokenizer.chat_template = load_tokenizer(resolve_model_dir(bundled_model_path())).chat_template
+    return engine, tokenizer
+
+
+def test_random_answer_sent_back_as_text_on_kv_and_hybrid(tiny):
+    """A random model often writes tokens its tokenizer would not choose: sent back as text,
+    the answer re-tokenizes (the first seed whose answer ends and re-tokenizes is used; checked);
+    byte matching keeps every held token on the KV model and on the hybrid (a plain extension,
+    no checkpoint restore), and the answer equals a cold generator's on the same ids.
+    <|im_end|> is favoured so the answer ends (finish stop: every generated token is held)."""
+    from redlite.core.chat import ChatRequest
+    from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings
+    from redlite.core.reuse import common_prefix_length
+    from redlite.engine.base import SamplingParams
+
+    engine, tokenizer = tiny
+    kwargs = NO_THINKING["chat_template_kwargs"]
+
+    def turn_one(client, seed):
+        answer, usage1, finish = ask(client, FIRST, temperature=1.0, seed=seed,
+                                     logit_bias={"2": 7}, **NO_THINKING)
+        second = FIRST + [{"role": "assistant", "content": answer["content"]},
+                          {"role": "user", "content": "Go on."}]
+        plain = client.state.chat.prepare_sync(ChatRequest(messages=second, template_kwargs=kwargs))
+        held = list(client.generator.held_ids)
+        retokenized = common_prefix_length(plain.generation.prompt_ids, held) < len(held)
+        return second, held, finish == "stop" and retokenized
+
+    cached = {}
+    with server(engine, tokenizer, True) as client:
+        seed = next((seed for seed in range(1, 16) if turn_one(client, seed)[2]), None)
+        assert seed is not None, "no seed gave an answer that ends and re-tokenizes"
+    for same_bytes in (True, False):
+        with server(engine, tokenizer, same_bytes) as client:
+            second, held, _ = turn_one(client, seed)
+            answer2, usage2, _ = ask(client, second, temperature=0, max_tokens=6, **NO_THINKING)
+            cached[same_bytes] = usage2["prompt_tokens_details"]["cached_tokens"]
+            if same_bytes:
+                assert cached[True] == len(held), (usage2, len(held))
+                prompt2 = client.generator.held_ids[:usage2["prompt_tokens"]]
+    cold = Generator(engine, tokenizer, GeneratorSettings(reuse=False))
+    result = list(cold.run(GenerationRequest(list(prompt2), max_tokens=6,
+                                             sampling=SamplingParams(temperature=0))))[-1]
+    assert tokenizer.decode(result.answer_ids) == (answer2.get("content") or "")
+    assert cached[False] < cached[True]
+    print("rewind" if engine.can_rewind else "hybrid", "seed", seed, "cached", cached[True],
+          "of held", len(held), "| without byte matching", cached[False])
+
+
+def sorted_args(message: dict) -> dict:
+    return {**client_copy(message), "tool_calls": [{**c, "function": {**c["function"], "arguments": json.dumps(
+        json.loads(c["function"]["arguments"]), sort_keys=True, separators=(",", ":"))}}
+        for c in message["tool_calls"]]}
+
+
+@pytest.mark.parametrize("mode", ["exact", "template"])
+def test_warm_equals_cold_in_both_replay_modes(bundled, mode):
+    """Greedy, the bundled model, a forced call sent back with sorted keys then a tool result:
+    a warm server and a cold one (``--no-reuse``, the same replay mode, so the same kept turns)
+    run the same prompt ids and give the same answers; exact replay keeps every held token,
+    the template render does not."""
+    engine, tokenizer, _ = bundled
+    tokenizer.chat_template = TEMPLATE
+    fields = {k: v for k, v in CASES["tool-call"].items() if k != "logit_bias"}
+    runs = {}
+    for reuse in (True, False):
+        with server(engine, tokenizer, mode == "exact", replay=mode, replay_bytes=64 << 20,
+                    reuse=reuse) as client:
+            answer, _, _ = ask(client, FIRST, **fields)
+            held = len(client.generator.held_ids)
+            second = FIRST + [sorted_args(answer), {"role": "tool", "content": "written",
+                                                    "tool_call_id": answer["tool_calls"][0]["id"]}]
+            answer2, usage2, _ = ask(client, second, temperature=0, max_tokens=8, tools=[WRITE],
+                                     **NO_THINKING)
+            prompt2 = client.generator.held_ids[:usage2["prompt_tokens"]]
+            runs[reuse] = (answer["tool_calls"][0]["function"], answer2, prompt2,
+                           usage2["prompt_tokens_details"]["cached_tokens"], held)
+    warm, cold = runs[True], runs[False]
+    assert warm[:3] == cold[:3] and cold[3] == 0
+    assert (warm[3] == warm[4]) is (mode == "exact"), (mode, warm[3], warm[4])
