@@ -11,6 +11,8 @@ import json
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from echo_app import echo_client
 from inprocess import echo_call
@@ -63,6 +65,45 @@ def test_walk_goes_through_several_spans_and_stops_at_the_first_other_byte():
     plan = plan_reuse(held, prompt, True, token_bytes=vocab)
     assert plan.action is Action.REWIND and plan.keep == 6  # then 10 vs 11 differ
     assert plan_reuse(held, prompt, True).keep == 1  # without byte matching
+
+
+def spell(text: bytes, cuts: list[bool]) -> list[int]:
+    """``text`` as ids where each "ab" / "abc" may be merged (``cuts[k]`` for the k-th one)."""
+    ids, k, at = [], 0, 0
+    while at < len(text):
+        for piece, token in ((b"abc", ABC), (b"ab", AB)):
+            if text.startswith(piece, at) and cuts[k % len(cuts)]:
+                ids.append(token)
+                at += len(piece)
+                k += 1
+                break
+        else:
+            ids.append(text[at])
+            at += 1
+            k += 1
+    return ids
+
+
+def spelled(ids: list[int]) -> bytes:
+    return b"".join(vocab(t) for t in ids)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=40).map(lambda b: bytes(97 + x % 4 for x in b)), st.binary(max_size=8),
+       st.lists(st.booleans(), min_size=1, max_size=8), st.lists(st.booleans(), min_size=1, max_size=8),
+       st.integers(0, 40), st.booleans())
+def test_the_respelled_prompt_spells_the_same_bytes(text, tail, cuts_held, cuts_prompt, cut, can_rewind):
+    """Whatever the two spellings: the plan's prompt spells the client's bytes, keeps at least
+    as much as without byte matching, and its kept ids are held ids."""
+    held = [1] + spell(text[:cut], cuts_held)
+    prompt = [1] + spell(text, cuts_prompt) + list(tail)
+    plan = plan_reuse(held, prompt, can_rewind, [1], token_bytes=vocab)
+    plain = plan_reuse(held, prompt, can_rewind, [1])
+    assert plan.keep >= plain.keep
+    if plan.same_bytes is not None:
+        new = plan.same_bytes.prompt_ids(held, prompt)
+        assert spelled(new) == spelled(prompt) and len(new) == plan.prompt_len
+        assert new[:plan.keep] == held[:plan.keep]
 
 
 def ask(client, messages, **fields):
