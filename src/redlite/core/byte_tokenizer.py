@@ -13,6 +13,11 @@ hermes / qwen3 markup that the output scanner parses):
   with its default separators; items joined by ``\n``);
 * tool results: ``<|tool|>content<|end|>``.
 
+Optionally (``ByteTokenizer(merged=...)``, for tests of re-tokenization) ids 261, 262, ...
+spell the given multi-byte strings: :meth:`ByteTokenizer.encode` never writes them (text is
+bytes), only a generator does (the echo engine with the same ``merged``), as a sampled model
+writes a token that its tokenizer would spell otherwise.
+
 So an echo answer of exactly that call text (the echo engine repeats the last user or tool
 message) comes back as a parsed tool call, and the re-rendered history gives back the same bytes.
 """
@@ -39,12 +44,14 @@ _SPECIAL_PATTERN = re.compile("|".join(re.escape(s) for s in SPECIAL_TOKENS))
 class _ByteDecoder:
     """Incremental UTF-8 decoding: an incomplete character is held until complete."""
 
-    def __init__(self) -> None:
+    def __init__(self, merged: tuple[bytes, ...] = ()) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._merged = merged
 
     def push(self, token_id: int) -> str:
         if token_id >= 256:
-            return ""
+            k = token_id - VOCAB_SIZE
+            return self._decoder.decode(self._merged[k]) if 0 <= k < len(self._merged) else ""
         return self._decoder.decode(bytes([token_id]))
 
     def flush(self) -> str:
@@ -59,10 +66,21 @@ class ByteTokenizer:
     """UTF-8 byte tokenizer (see module docstring); special-token strings in raw text are
     encoded as their special ids."""
 
-    vocab_size = VOCAB_SIZE
     eos_token_ids = frozenset({END})
     max_token_chars = max(len(s) for s in SPECIAL_TOKENS)  # a byte is at most one character
     turn_tokens = 4  # a user and an assistant message: a role token and <|end|> each
+
+    def __init__(self, merged: tuple[bytes, ...] = ()) -> None:
+        """merged: the multi-byte strings of ids 261, 262, ... (module docstring)."""
+        self.merged = tuple(bytes(m) for m in merged)
+        self.vocab_size = VOCAB_SIZE + len(self.merged)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The bytes of a byte or merged id; None for a special token."""
+        if 0 <= token_id < 256:
+            return bytes([token_id])
+        k = token_id - VOCAB_SIZE
+        return self.merged[k] if 0 <= k < len(self.merged) else None
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
@@ -75,7 +93,9 @@ class ByteTokenizer:
         return ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+        if not self.merged:
+            return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+        return b"".join(self.token_bytes(t) or b"" for t in token_ids).decode("utf-8", errors="replace")
 
     def encode_rendered(self, text: str) -> list[int]:
         """Ids of rendered template text (as :meth:`render_chat` tokenizes it)."""
@@ -86,8 +106,8 @@ class ByteTokenizer:
         names = {v: k for k, v in SPECIAL_TOKENS.items()}
         out, run = [], bytearray()
         for t in token_ids:
-            if t < 256:
-                run.append(t)
+            if t < 256 or t - VOCAB_SIZE in range(len(self.merged)):
+                run += self.token_bytes(t)
                 continue
             out.append(run.decode("utf-8", errors="replace"))
             run = bytearray()
@@ -125,7 +145,7 @@ class ByteTokenizer:
         return RenderedPrompt(ids, ends, text)
 
     def incremental_decoder(self) -> _ByteDecoder:
-        return _ByteDecoder()
+        return _ByteDecoder(self.merged)
 
 
 def _message_text(message: dict) -> str:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 from redlite.core.checkpoints import CheckpointStore, preamble_end, prefill_split_points
 from redlite.core.divergence import describe_divergence, describe_message
 from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
+from redlite.core.same_bytes import adopt_held_spelling
 from redlite.core.chat import ChatOutput, OutputEvent
 from redlite.core.output_scanner import OutputScanner, ParseOptions
 from redlite.core.sequence import Sequence
@@ -109,13 +110,16 @@ class GeneratorSettings:
     prefill_chunk: most tokens per ``engine.prefill`` call (``--prefill-chunk``); between chunks a
     cancelled request (client gone, shutdown) stops, keeping what was prefilled.
     max_tokens: server-side cap on generated tokens for every request (``--max-tokens``; None:
-    no cap)."""
+    no cap). same_bytes: keep held ids where a prompt re-tokenizes bytes the state holds
+    (:mod:`redlite.core.same_bytes`; ``--replay exact``, with a tokenizer that has
+    ``token_bytes``)."""
 
     reuse: bool = True
     checkpoint_interval: int = 1024
     checkpoint_bytes: int = 512 << 20
     prefill_chunk: int = 512
     max_tokens: int | None = None
+    same_bytes: bool = True
 
 
 def _field(name: str) -> property:
@@ -157,9 +161,10 @@ class Generator:
         if not consistent and not self.failed:
             log.warning("held %d tok but the engine holds %d: resetting", len(self.held_ids),
                         self.engine.n_past)
+        token_bytes = getattr(self.tokenizer, "token_bytes", None) if self.settings.same_bytes else None
         return plan_reuse(self.held_ids, prompt_ids, self.engine.can_rewind,
                           self.checkpoints.positions, enabled=self.settings.reuse,
-                          after_failure=self.failed or not consistent)
+                          after_failure=self.failed or not consistent, token_bytes=token_bytes)
 
     def _execute(self, plan: ReusePlan, request: GenerationRequest) -> tuple[Any, bool]:
         """Bring the engine to the prompt's end; return ``(logits there, True)``, or
@@ -256,14 +261,16 @@ class Generator:
         return HostLoop(self.engine, self.engine.make_sampler(params, request.prompt_ids, matcher), logits)
 
     def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
+        started = self._clock()
+        if self.parking is not None and self.settings.reuse and index == 0:
+            adopt_held_spelling(self, request)  # the live state's spelling first, then selection
+            if len(request.prompt_ids) <= self.engine.max_context:
+                # candidate selection: the live state or a parked conversation (never raises)
+                self.parking.select(self, request.prompt_ids, request.request_id, request.session_key)
+        plan = adopt_held_spelling(self, request)
         prompt = request.prompt_ids
         if len(prompt) > self.engine.max_context:
             raise EngineError(f"prompt of {len(prompt)} tokens exceeds the context of {self.engine.max_context}")
-        started = self._clock()
-        if self.parking is not None and self.settings.reuse and index == 0:
-            # candidate selection: the live state or a parked conversation (never raises)
-            self.parking.select(self, prompt, request.request_id, request.session_key)
-        plan = self.plan(prompt)
         if index == 0:  # another session key: another conversation, whatever prefix it shares
             same = request.session_key is None or request.session_key == self.session_key
             self.hits = (self.hits if same else 0) + 1 if plan.keep else 0

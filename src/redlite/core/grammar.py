@@ -32,6 +32,7 @@ class _ByteVocabulary:
 
         specials = sorted(SPECIAL_TOKENS.items(), key=lambda item: item[1])
         self.tokens = [bytes([i]) for i in range(256)] + [name.encode() for name, _ in specials]
+        self.tokens += list(getattr(tokenizer, "merged", ()))  # ids 261, ...: multi-byte tokens
         self.special_token_ids = [i for _, i in specials]
         self.eos_token_id = min(tokenizer.eos_token_ids)
         self.bos_token_id = None

@@ -12,15 +12,21 @@ issue):
   ``<= min(c, len(new_ids))`` and prefill the rest; a checkpoint exactly at ``len(new_ids)``
   needs no prefill at all (its stored logits are sampled from).
 - reset: anything else; full prefill.
+- same bytes (``token_bytes`` given): where held and new ids differ but spell the same bytes
+  (a re-tokenized answer, :mod:`redlite.core.same_bytes`), the plan is made for the new ids
+  with the held spelling of those spans (``plan.same_bytes``; the caller rewrites its prompt),
+  when that keeps more of the held state.
 
 The planner asks the engine's capability (``can_rewind``), never the model family.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Sequence
+
+from redlite.core.same_bytes import SameBytes, TokenBytes, align_same_bytes
 
 
 class Action(str, Enum):
@@ -51,6 +57,8 @@ class ReusePlan:
     ``cached_tokens`` reported to the client). common: length of the common prefix of held and
     new ids. reason: why it is not an extension (None for extend). checkpoint_position: the
     checkpoint to restore (action restore only). prefill: tokens to prefill after ``keep``.
+    same_bytes: the re-tokenized spans whose held ids the plan keeps (None: none); the plan's
+    lengths are those of the prompt with the held spelling (``same_bytes.prompt_ids``).
     """
 
     action: Action
@@ -60,6 +68,7 @@ class ReusePlan:
     held_len: int
     reason: MissReason | None = None
     checkpoint_position: int | None = None
+    same_bytes: SameBytes | None = None
 
     @property
     def prefill(self) -> int:
@@ -98,6 +107,7 @@ def plan_reuse(
     *,
     enabled: bool = True,
     after_failure: bool = False,
+    token_bytes: TokenBytes | None = None,
 ) -> ReusePlan:
     """Plan how to go from the held state to a state ready to sample after ``new_ids``.
 
@@ -105,7 +115,8 @@ def plan_reuse(
     can_rewind: the engine's capability. checkpoint_positions: positions (tokens) of the
     checkpoints of the held sequence (only used when ``can_rewind`` is False); every one is
     ``<= len(held_ids)``. enabled: False for ``--no-reuse``. after_failure: the last request
-    failed, so the held state is not trusted.
+    failed, so the held state is not trusted. token_bytes: token id -> its bytes (None for a
+    special token); given, re-tokenized spans keep their held ids (see the module docstring).
     Raises ValueError for an empty ``new_ids``.
     """
     if not new_ids:
@@ -124,6 +135,25 @@ def plan_reuse(
     common = common_prefix_length(held_ids, new_ids)
     if common == held_len and held_len < prompt_len:
         return ReusePlan(Action.EXTEND, held_len, common, prompt_len, held_len)
+    plan = _plan_differing(held_ids, new_ids, common, can_rewind, checkpoint_positions)
+    if token_bytes is not None and common < min(held_len, prompt_len):
+        same = align_same_bytes(held_ids, new_ids, common, token_bytes)
+        if same is not None:
+            respelled = plan_reuse(held_ids, same.prompt_ids(held_ids, new_ids), can_rewind,
+                                   checkpoint_positions)
+            if respelled.keep > plan.keep:
+                return replace(respelled, same_bytes=same)
+    return plan
+
+
+def _plan_differing(held_ids: Sequence[int], new_ids: Sequence[int], common: int,
+                    can_rewind: bool, checkpoint_positions: Sequence[int]) -> ReusePlan:
+    """The plan when the new ids do not extend the held ones (rewind, restore or reset)."""
+    held_len, prompt_len = len(held_ids), len(new_ids)
+
+    def reset(reason: MissReason, common: int = 0) -> ReusePlan:
+        return ReusePlan(Action.RESET, 0, common, prompt_len, held_len, reason)
+
     why = MissReason.PROMPT_IS_PREFIX if common == prompt_len else MissReason.TOKEN_MISMATCH
     if can_rewind:
         keep = min(common, prompt_len - 1)

@@ -23,7 +23,10 @@ rewind the engine offers checkpoints (a copy of its small "recurrent" state and 
 like a hybrid model. ``delay_ms`` slows each decoded token, ``prefill_delay_ms`` each
 prefilled one (a slow prefill, to test interrupting it), ``snapshot_delay_ms`` each state
 copy (slow parking and saving, to test signals then); a source containing the bytes
-``FAIL!`` makes the first decode raise (to test failure handling).
+``FAIL!`` makes the first decode raise (to test failure handling). ``merged``: multi-byte
+strings of ids 261, 262, ... (:class:`~redlite.core.byte_tokenizer.ByteTokenizer` with the same
+``merged``); the engine then writes the longest merged string that the source continues with as
+one token, where the tokenizer spells those bytes one by one (a re-tokenizing answer).
 """
 
 from __future__ import annotations
@@ -53,10 +56,11 @@ class EchoLogits:
 
     next_token: int
     rest: bytes = b""  # the source bytes not echoed yet (a hint for constrained answers)
+    vocab_size: int = VOCAB_SIZE
 
     def scores(self) -> np.ndarray:
-        """float32 [VOCAB_SIZE] logits (see the module docstring)."""
-        x = -np.arange(VOCAB_SIZE, dtype=np.float32) / 1000.0
+        """float32 [vocab_size] logits (see the module docstring)."""
+        x = -np.arange(self.vocab_size, dtype=np.float32) / 1000.0
         for token, value in _PREFERRED.items():
             x[token] = value
         if self.rest:
@@ -110,11 +114,11 @@ class EchoEngine(Engine):
     def __init__(self, can_rewind: bool = True, max_context: int = 1 << 20,
                  delay_ms: float = 0.0, model_id: str = "echo", prefill_delay_ms: float = 0.0,
                  snapshot_delay_ms: float = 0.0, device_resident: bool = False,
-                 pipelined: bool = False) -> None:
+                 pipelined: bool = False, merged: tuple[bytes, ...] = ()) -> None:
         self._options = dict(can_rewind=can_rewind, max_context=max_context, delay_ms=delay_ms,
                              model_id=model_id, prefill_delay_ms=prefill_delay_ms,
                              snapshot_delay_ms=snapshot_delay_ms,
-                             device_resident=device_resident, pipelined=pipelined)
+                             device_resident=device_resident, pipelined=pipelined, merged=merged)
         self.model_id = model_id
         self.pipelined = pipelined
         self.fed_ahead = 0  # tokens fed through a stream (tests)
@@ -122,7 +126,11 @@ class EchoEngine(Engine):
         self.device_resident = device_resident  # tests: on_device copies count as device memory
         self.can_rewind = can_rewind
         self.max_context = max_context
-        self.vocab_size = VOCAB_SIZE
+        self.merged = tuple(bytes(m) for m in merged)
+        self.vocab_size = VOCAB_SIZE + len(self.merged)
+        # merged strings longest first, with their ids
+        self._merged_ids = sorted(((m, VOCAB_SIZE + k) for k, m in enumerate(self.merged)),
+                                  key=lambda item: -len(item[0]))
         self.delay_ms = delay_ms
         self.prefill_delay_ms = prefill_delay_ms
         self.snapshot_delay_ms = snapshot_delay_ms
@@ -150,9 +158,18 @@ class EchoEngine(Engine):
         self._source, self._generated = b"", 0
 
     def _logits(self) -> EchoLogits:
-        if self._generated < len(self._source):
-            return EchoLogits(self._source[self._generated], self._source[self._generated:])
-        return EchoLogits(END)
+        at, source = self._generated, self._source
+        if at < len(source):
+            token = next((i for m, i in self._merged_ids if source.startswith(m, at)), source[at])
+            return EchoLogits(token, source[at:], self.vocab_size)
+        return EchoLogits(END, b"", self.vocab_size)
+
+    def _bytes_of(self, token: int) -> bytes:
+        """The bytes of a byte or merged id (b"" for a special token)."""
+        if token < 256:
+            return bytes([token])
+        k = token - VOCAB_SIZE
+        return self.merged[k] if 0 <= k < len(self.merged) else b""
 
     def prefill(self, token_ids: Sequence[int]) -> EchoLogits:
         if not token_ids:
@@ -168,18 +185,16 @@ class EchoEngine(Engine):
         self._generated = 0
         return self._logits()
 
-    @staticmethod
-    def _compute_source(held: list[int]) -> bytes:
+    def _compute_source(self, held: list[int]) -> bytes:
         start = next((i for i in range(len(held) - 1, -1, -1) if held[i] in (USER, TOOL)), None)
         if start is None:
-            return bytes(t for t in held if t < 256)
+            return b"".join(self._bytes_of(t) for t in held)
         content = []
         for token in held[start + 1:]:
             if token == END:
                 break
-            if token < 256:
-                content.append(token)
-        return bytes(content)
+            content.append(self._bytes_of(token))
+        return b"".join(content)
 
     def decode(self, token_id: int) -> EchoLogits:
         if FAIL_MARKER in self._source:
@@ -188,7 +203,10 @@ class EchoEngine(Engine):
             raise EngineError(f"context overflow: {self.n_past} + 1 > {self.max_context}")
         if self.delay_ms:
             time.sleep(self.delay_ms / 1000.0)
-        self._generated = self._match_step(self._generated, int(token_id))
+        token_id = int(token_id)
+        merged = token_id - VOCAB_SIZE in range(len(self.merged))
+        for byte in self._bytes_of(token_id) if merged else (token_id,):
+            self._generated = self._match_step(self._generated, byte)
         self._held.append(int(token_id))
         self.decoded_tokens += 1
         return self._logits()
@@ -326,7 +344,7 @@ class EchoEngine(Engine):
         try:
             source = bytes.fromhex(meta["source"])
             data = (source, int(meta["generated"]))
-            logits = EchoLogits(int(np.asarray(tensors["logits"]).reshape(-1)[0]))
+            logits = EchoLogits(int(np.asarray(tensors["logits"]).reshape(-1)[0]), b"", self.vocab_size)
         except (KeyError, ValueError, TypeError, IndexError) as error:
             raise EngineError(f"bad echo checkpoint: {error}") from None
         return Checkpoint(int(position), logits, data, nbytes=64 + len(source),

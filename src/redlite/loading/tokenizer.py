@@ -25,6 +25,7 @@ from redlite.loading.segment_encoder import SegmentEncoder
 from redlite.loading.streaming_decoder import StreamingDecoder
 from redlite.loading.template_probe import turn_markup_tokens
 from redlite.loading.tokenizer_files import read_plain
+from redlite.loading.token_bytes import TokenBytes
 
 logger = logging.getLogger("redlite.loading")
 
@@ -95,6 +96,7 @@ class HFTokenizer:
         self.prompt_limit: int | None = None
         self._turn_tokens: tuple[str | None, int] | None = None
         self._plain_specials = PlainSpecials(special_strings(backend))
+        self._token_bytes: TokenBytes | None = None
 
     @classmethod
     def from_transformers(cls, tokenizer: Any, eos_token_ids: Iterable[int] = (),
@@ -170,6 +172,13 @@ class HFTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` (ints), special tokens skipped."""
         return self._backend.decode([int(i) for i in token_ids], skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """The bytes token ``token_id`` spells; None for a special token or unknown bytes
+        (:class:`redlite.loading.token_bytes.TokenBytes`)."""
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes(self._backend)
+        return self._token_bytes(token_id)
 
     def encode_rendered(self, text: str) -> list[int]:
         """Ids of rendered template text, tokenized as :meth:`render_chat` does (no BOS added)."""

@@ -111,7 +111,8 @@ def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
     settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
                                  checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)),
                                  prefill_chunk=max(1, args.prefill_chunk),
-                                 max_tokens=args.max_tokens if args.max_tokens > 0 else None)
+                                 max_tokens=args.max_tokens if args.max_tokens > 0 else None,
+                                 same_bytes=args.replay == "exact")
     if getattr(args, "warmup", True):
         from redlite.engine.warmup import warm_up
         warm_up(engine, tokenizer, max(1, args.prefill_chunk))

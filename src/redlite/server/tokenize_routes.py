@@ -54,6 +54,9 @@ def piece_of(tokenizer: Any, token_id: int) -> str | list[int]:
     if token_bytes is None:
         return tokenizer.decode([token_id])
     raw = token_bytes(token_id)
+    if raw is None:  # a special token: its text
+        return tokenizer.decode_rendered([token_id]) if hasattr(tokenizer, "decode_rendered") \
+            else tokenizer.decode([token_id])
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
