@@ -6,7 +6,8 @@ One server (``redlite serve --parallel P``, P = the most streams asked for) answ
    story prompts, ``--max-tokens`` each). Client-side stamps of every content chunk; the
    *window* runs from the last stream's first token to the first stream's last token (all S
    decoding), and aggregate tok/s = chunks inside it / its length. Per stream, the same count
-   of its own chunks in the window: its decode rate while S run. Ratios against S = 1.
+   of its own chunks in the window: its decode rate while S run. Ratios against S = 1. Beside
+   it, every chunk over the time from the first stream's first chunk to the last one's last.
 2. second-turn TTFT of a main conversation (turn 1: ``--context`` tokens' worth of
    bench/fixtures/long_context.txt + a question; turn 2: + answer + a follow-up), alone and
    while a sub-agent (another conversation) streams: the follow-up is sent once the
@@ -96,7 +97,9 @@ def decode_round(url: str, streams: int, max_tokens: int, offset: int) -> dict:
     stop = min(r["stamps"][-1] for r in runs)
     span = stop - start
     inside = [sum(start < s <= stop for s in r["stamps"]) for r in runs]
+    whole = max(r["stamps"][-1] for r in runs) - min(r["stamps"][0] for r in runs)
     return {"streams": streams, "window_s": span,
+            "overall_tok_s": sum(len(r["stamps"]) for r in runs) / whole if whole > 0 else None,
             "aggregate_tok_s": sum(inside) / span if span > 0 else None,
             "per_stream_tok_s": [n / span for n in inside] if span > 0 else None,
             "completion_tokens": [r["usage"].get("completion_tokens") for r in runs]}
@@ -207,17 +210,19 @@ def write(result: dict, counts: list[int], out: Path) -> None:
     aggregate = {s: median(r["aggregate_tok_s"] for r in rows[s]) for s in counts}
     per_stream = {s: median(statistics.mean(r["per_stream_tok_s"]) for r in rows[s]
                             if r["per_stream_tok_s"]) for s in counts}
+    overall = {s: median(r["overall_tok_s"] for r in rows[s]) for s in counts}
     alone = aggregate[counts[0]] if counts[0] == 1 else float("nan")
     lines = [f"# concurrent decode ({result['machine']}, {result['date']})", "",
              f"server flags: `{' '.join(result['flags'])}`; {result['max_tokens']} tokens per stream; "
              f"medians of {len(rows[counts[0]])} rounds; load average (1/5/15 min) before "
              f"{'/'.join(f'{x:.1f}' for x in result['load_before'])}, after "
              f"{'/'.join(f'{x:.1f}' for x in result['load_after'])}", "",
-             "| streams | aggregate tok/s | x one stream | one stream's tok/s | % of alone |",
-             "|---|---|---|---|---|"]
+             "| streams | aggregate tok/s | x one stream | one stream's tok/s | % of alone | "
+             "first to last token, all streams: tok/s |",
+             "|---|---|---|---|---|---|"]
     for s in counts:
         lines.append(f"| {s} | {aggregate[s]:.1f} | {aggregate[s] / alone:.2f} | {per_stream[s]:.1f} | "
-                     f"{100 * per_stream[s] / alone:.0f}% |")
+                     f"{100 * per_stream[s] / alone:.0f}% | {overall[s]:.1f} |")
     ttft_alone = median(r["ttft_ms"] for r in result["ttft"]["alone"])
     ttft_sub = median(r["ttft_ms"] for r in result["ttft"]["with_sub_agent"])
     cached = [r["cached_tokens"] for r in result["ttft"]["alone"] + result["ttft"]["with_sub_agent"]]

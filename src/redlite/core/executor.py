@@ -11,6 +11,9 @@ own thread, in order:
 - any other call (a prefill chunk, a sampling step, a snapshot, a rewind) runs as soon as it
   is posted, between two decode batches: a long prefill, sent chunk by chunk by the
   generator (``--prefill-chunk``), holds the others' next token back by at most one chunk.
+  After a call, the same thread's next call (posted within :data:`STICKY_S`) goes before the
+  next batch, unless both are prefill chunks: a request's start (choosing its conversation,
+  a park, a rewind, its prefill, its first token) waits for one batch, not one per step.
 
 A decode batch refused for a full context (EngineError, nothing changed) runs again slot by
 slot, so only the full slot's request gets the error. Any other failure of a batch reaches
@@ -34,6 +37,7 @@ from redlite.engine.base import Engine, EngineError, Sampler
 log = logging.getLogger("redlite.executor")
 
 BATCH_WAIT_S = 0.05  # the longest a posted decode waits for the other decoding slots
+STICKY_S = 0.002  # after a call, how long its thread's next call has priority
 
 
 class EngineExecutor:
@@ -45,7 +49,10 @@ class EngineExecutor:
         self.pool = pool
         self.batch_wait_s = batch_wait_s
         self._cond = threading.Condition()
-        self._calls: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
+        # (the call, its future, the calling thread, whether it is a prefill chunk)
+        self._calls: collections.deque[tuple[Callable[[], Any], Future, Any, bool]] = collections.deque()
+        # (thread, until when, its last call was a prefill): its next call is served first
+        self._sticky: tuple[Any, float, bool] | None = None
         self._decodes: dict[SlotProxy, tuple[int, Future]] = {}
         self._first_decode = 0.0
         self._decoding: set[SlotProxy] = set()
@@ -64,7 +71,9 @@ class EngineExecutor:
             return fn(*args, **kwargs)
         future: Future = Future()
         with self._cond:
-            self._calls.append((lambda: fn(*args, **kwargs), future))
+            prefill = getattr(fn, "__name__", "") == "prefill"
+            self._calls.append((lambda: fn(*args, **kwargs), future, threading.current_thread(),
+                                prefill))
             self._cond.notify_all()
         return future.result()
 
@@ -74,6 +83,8 @@ class EngineExecutor:
             return proxy.target.decode(token_id)
         future: Future = Future()
         with self._cond:
+            if self._sticky is not None and self._sticky[0] is threading.current_thread():
+                self._sticky = None
             if not self._decodes:
                 self._first_decode = time.monotonic()
             self._decodes[proxy] = (int(token_id), future)
@@ -105,17 +116,40 @@ class EngineExecutor:
         return (self._decoding <= self._decodes.keys() or self._closing
                 or now - self._first_decode >= self.batch_wait_s)
 
+    def _next_sticky(self, now: float) -> tuple | None:
+        """The sticky thread's next call, or None; waits are the caller's (holding the lock).
+        Clears the stickiness when it has expired."""
+        owner, until, after_prefill = self._sticky
+        for index, item in enumerate(self._calls):
+            if item[2] is owner:
+                self._sticky = None
+                if item[3] and after_prefill:  # chunk after chunk: a batch may go between
+                    return None
+                del self._calls[index]
+                return item
+        if now >= until:
+            self._sticky = None
+        return None
+
     def _loop(self) -> None:
         while True:
             with self._cond:
                 while True:
                     now = time.monotonic()
+                    if self._sticky is not None:
+                        call = self._next_sticky(now)
+                        if call is not None:
+                            batch = None
+                            break
+                        if self._sticky is not None:
+                            self._cond.wait(self._sticky[1] - now)
+                            continue
                     if self._batch_ready(now):
                         batch, self._decodes = self._decodes, {}
-                        calls = None
+                        call = None
                         break
                     if self._calls:
-                        batch, calls = None, self._calls.popleft()
+                        batch, call = None, self._calls.popleft()
                         break
                     if self._closing and not self._decodes:
                         return
@@ -125,9 +159,11 @@ class EngineExecutor:
                     self._cond.wait(timeout)
             if batch is not None:
                 self._run_batch(batch)
-            else:
-                fn, future = calls
-                _settle(future, fn)
+                continue
+            fn, future, owner, prefill = call
+            _settle(future, fn)
+            with self._cond:  # its next step (of the request's start) before the next batch
+                self._sticky = (owner, time.monotonic() + STICKY_S, prefill)
 
     def _run_batch(self, batch: dict) -> None:
         proxies = list(batch)
@@ -162,22 +198,29 @@ def _settle(future: Future, fn: Callable[[], Any]) -> None:
 
 
 class _RemoteSampler(Sampler):
-    """A slot's sampler whose steps run on the executor thread: after a decode batch, right
+    """A slot's sampler, made and run on the executor thread (made in the step of the first
+    token): after a decode batch, right
     away (:meth:`SlotProxy.presample`; its token is handed over when the generator asks for
     it, one thread switch per token), else (the first token, after a prefill) on request."""
 
-    def __init__(self, executor: EngineExecutor, sampler: Sampler) -> None:
-        self._executor, self._sampler = executor, sampler
+    def __init__(self, executor: EngineExecutor, make: Callable[[], Sampler]) -> None:
+        self._executor, self._make = executor, make
+        self._sampler: Sampler | None = None  # made with the first token (in the same step)
         self.ahead: tuple[Any, int | None, BaseException | None] | None = None
 
     @property
     def last_logprob(self):  # type: ignore[override]
-        return self._sampler.last_logprob
+        return self._sampler.last_logprob if self._sampler is not None else None
+
+    def _sample(self, logits: Any) -> int:
+        if self._sampler is None:
+            self._sampler = self._make()
+        return self._sampler.sample(logits)
 
     def sample_now(self, logits: Any) -> None:
         """On the executor thread: sample ``logits`` and keep the token for :meth:`sample`."""
         try:
-            self.ahead = (logits, self._sampler.sample(logits), None)
+            self.ahead = (logits, self._sample(logits), None)
         except Exception as error:  # noqa: BLE001 - raised where the generator asks
             self.ahead = (logits, None, error)
 
@@ -187,7 +230,7 @@ class _RemoteSampler(Sampler):
             if ahead[2] is not None:
                 raise ahead[2]
             return ahead[1]
-        return self._executor.call(self._sampler.sample, logits)
+        return self._executor.call(self._sample, logits)
 
 
 class SlotProxy:
@@ -223,8 +266,9 @@ class SlotProxy:
         return None
 
     def make_sampler(self, params: Any, prompt_ids: Any = (), constraint: Any = None) -> Sampler:
-        sampler = self.executor.call(self.target.make_sampler, params, prompt_ids, constraint)
-        self.sampler = _RemoteSampler(self.executor, sampler)
+        target = self.target
+        self.sampler = _RemoteSampler(self.executor,
+                                      lambda: target.make_sampler(params, prompt_ids, constraint))
         return self.sampler
 
     def presample(self, logits: Any) -> Any:

@@ -13,7 +13,9 @@ The same contract as :class:`redlite.core.worker.EngineWorker` (``submit``, ``sh
   the N running ones, one more is :class:`QueueFull`; a waiting job whose client has gone is
   skipped; the slot is chosen by :func:`redlite.core.placement.choose_slot` (a slot API task
   runs in the slot it names, when that slot is idle: later jobs wait behind it);
-- the parking tiers are shared by all slots and used by one slot at a time (a lock); they
+- the parking tiers are shared by all slots; each move of a conversation (the candidate step,
+  a park, a restore) runs as one step on the executor thread (:class:`ExecutorParking`), so
+  one slot moves conversations at a time and every engine call stays on that thread; they
   park whole conversations only (a tail entry's prefix would be one slot's live state);
 - shutdown fails the waiting jobs, answers each running one's client at once
   (:data:`~redlite.core.worker.CUT_OFF`) and cancels it: each stops at its next prefill
@@ -37,13 +39,15 @@ from redlite.core.worker import CUT_OFF, Event, Job, QueueFull, ShuttingDown, ru
 log = logging.getLogger("redlite.scheduler")
 
 
-class LockedParking:
-    """The shared parking tiers as one slot's generator sees them: every method call holds
-    ``lock`` (one slot moves conversations at a time); attributes are read as they are."""
+class ExecutorParking:
+    """The shared parking tiers as one slot's generator sees them: every method call runs on
+    the executor thread as one step (one slot moves conversations at a time, and the engine
+    calls inside run there directly, between decode batches); attributes are read as they
+    are, and set on the tiers."""
 
-    def __init__(self, parking: Any, lock: threading.RLock) -> None:
+    def __init__(self, parking: Any, executor: EngineExecutor) -> None:
         object.__setattr__(self, "parking", parking)
-        object.__setattr__(self, "lock", lock)
+        object.__setattr__(self, "executor", executor)
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.parking, name, value)
@@ -52,13 +56,12 @@ class LockedParking:
         value = getattr(self.parking, name)
         if not callable(value):
             return value
-        lock = self.lock
+        executor = self.executor
 
-        def locked(*args: Any, **kwargs: Any) -> Any:
-            with lock:
-                return value(*args, **kwargs)
+        def on_executor(*args: Any, **kwargs: Any) -> Any:
+            return executor.call(value, *args, **kwargs)
 
-        return locked
+        return on_executor
 
 
 class _Lane:
@@ -71,7 +74,7 @@ class _Lane:
 class Scheduler:
     """Runs jobs on ``len(generators)`` slots (see module docstring). ``generators[i]``'s
     engine is slot i's :class:`SlotProxy` on ``executor``; their ``parking`` is the shared
-    tiers behind a :class:`LockedParking` (use :func:`build_scheduler`)."""
+    tiers behind an :class:`ExecutorParking` (use :func:`build_scheduler`)."""
 
     def __init__(self, generators: list[Generator], executor: EngineExecutor,
                  max_queue: int = 16) -> None:
@@ -220,7 +223,7 @@ def _view(lane: _Lane) -> SlotView:
 def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16) -> Scheduler | None:
     """A :class:`Scheduler` of ``parallel`` slots: ``generator``'s engine and
     ``parallel - 1`` new slots of it (``Engine.new_slot``), generators with its tokenizer,
-    settings and parking (whole entries only, behind one lock). None when the engine cannot
+    settings and parking (whole entries only, run on the executor). None when the engine cannot
     make slots (the caller runs one sequence at a time)."""
     from redlite.engine.base import EngineError
 
@@ -231,13 +234,13 @@ def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16) ->
         log.warning("--parallel %d: %s; serving one sequence at a time", parallel, error)
         return None
     executor = EngineExecutor(pool)
-    parking, lock = generator.parking, threading.RLock()
+    parking = generator.parking
     if parking is not None:
         parking.tails = False
     generators = []
     for engine in engines:
         gen = Generator(SlotProxy(engine, executor), generator.tokenizer, generator.settings)
-        gen.parking = LockedParking(parking, lock) if parking is not None else None
+        gen.parking = ExecutorParking(parking, executor) if parking is not None else None
         generators.append(gen)
     log.info("%d sequence slots (one batched decode)", parallel)
     return Scheduler(generators, executor, max_queue)
