@@ -7,8 +7,8 @@ For each model, one after the other in fresh processes:
 
 * llama.cpp's ``llama-bench -p PROMPTS -n GEN -t THREADS -r REPS -o json``: prefill and decode
   tokens/s, its peak resident memory (``wait4``);
-* redlite's engine (``--child``; ``--activations q8``: the decode products on 8-bit activations,
-  as llama.cpp computes them, instead of the default float32 ones): resident memory after load, prefill tokens/s of each prompt
+* redlite's engine (``--child``; ``--activations``: the decode products on 16-bit activations,
+  the server's default, or float32 ones, or 8-bit ones as llama.cpp computes them): resident memory after load, prefill tokens/s of each prompt
   length (random token ids, empty state), decode tokens/s over GEN greedy steps after a
   16-token prompt (mean of REPS), peak resident memory;
 * cold start, twice each (the second start uses what the first cached): ``redlite serve`` and
@@ -76,7 +76,7 @@ def llama_bench(bench: Path, model: Path, threads: int, prompts: list[int], gen:
 
 
 def child(model: str, ctx: int, threads: int, prompts: list[int], gen: int, reps: int,
-          activations: str = "float32") -> None:
+          activations: str = "q16") -> None:
     """The redlite measurement, in its own process; prints one JSON line."""
     import random
 
@@ -89,9 +89,14 @@ def child(model: str, ctx: int, threads: int, prompts: list[int], gen: int, reps
     engine, _ = load_engine(model, ctx_size=ctx, device="cpu")
     load_s = time.perf_counter() - started
     rss_after_load = _rss()
-    if activations != "float32":  # the decode step on llama.cpp's 8-bit activations instead
+    from redlite.layers.quant_weight import DECODE_ACTIVATIONS
+
+    if activations != DECODE_ACTIVATIONS:  # the decode step on other activations than the server's
         from redlite.layers.cpu_decode import FusedDecode
 
+        for module in engine.model.modules():
+            if getattr(module, "is_quantized", False):
+                module.activations = activations
         engine.model._fused_decode = FusedDecode.build(engine.model, activations=activations)
     rng = random.Random(0)
     prefill = {}
@@ -233,9 +238,10 @@ def main() -> None:
     parser.add_argument("--gen", type=int, default=64)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--ctx", type=int, default=2048, help=argparse.SUPPRESS)
-    parser.add_argument("--activations", default="float32", choices=["float32", "q8"],
-                        help="decode products on float32 activations (redlite's default: the float32 "
-                             "reference's text) or on 8-bit ones, as llama.cpp computes them")
+    parser.add_argument("--activations", default="q16", choices=["q16", "float32", "q8"],
+                        help="decode products on 16-bit activations (redlite's default; the float32 "
+                             "reference's text on the regression prompts), float32 ones, or 8-bit "
+                             "ones, as llama.cpp computes them")
     parser.add_argument("--llama-bin", help="folder holding llama-bench and llama-server")
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--report", type=Path, help="only re-render the markdown of a saved JSON result")
@@ -260,7 +266,7 @@ def main() -> None:
            "load_average_start": load_average(), "models": {}}
     for name in args.models.split(","):
         key = name if args.threads == 2 else f"{name}, {args.threads} threads"
-        key += "" if args.activations == "float32" else f", {args.activations} activations"
+        key += "" if args.activations == "q16" else f", {args.activations} activations"
         run["models"][key] = {**measure(name, args, bench, server), "threads": args.threads,
                               "activations": args.activations}
         print(json.dumps(run["models"][key], indent=1), flush=True)

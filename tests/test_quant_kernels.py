@@ -4,9 +4,9 @@ Blocks are random bytes with sane fp16 scales (every bit pattern of the codes is
 block), for each format the kernels take. Checked: dequantization equals
 ``gguf.quants.dequantize`` exactly; the float32-activation product is within
 :func:`float32_error_bound` (float32 rounding) of the exact product of the dequantized weight;
-the 8-bit-activation product equals the float64 product of the dequantized weight and the
-8-bit-rounded activations up to float32 rounding, and stays within :func:`q8_error_bound` of
-the float32 product with the exact activations.
+the 8- and 16-bit-activation products equal the float64 product of the dequantized weight and
+the rounded activations up to float32 rounding, and stay within
+:func:`activation_rounding_bound` of the float32 product with the exact activations.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from redlite.kernels import native
 from redlite.layers.quant_weight import (KERNEL_FORMATS, SMALL_BATCH, QuantTensor, QuantWeight,
-                                         float32_error_bound, q8_error_bound)
+                                         ACTIVATION_LEVELS, activation_rounding_bound, float32_error_bound)
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler / AVX2 for the kernels")
 
@@ -37,11 +37,11 @@ def random_blocks(qtype: str, rows: int, cols: int, seed: int = 0) -> QuantTenso
     return QuantTensor(qtype, (rows, cols), data.reshape(rows, -1))
 
 
-def q8_round(x: torch.Tensor) -> torch.Tensor:
+def rounded(x: torch.Tensor, levels: int) -> torch.Tensor:
     """The activations as the kernel sees them: per 32 values, ``round(x / d) * d`` with
-    ``d = max|x| / 127``."""
+    ``d = max|x| / levels``."""
     blocks = x.double().reshape(-1, 32)
-    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    d = blocks.abs().amax(dim=1, keepdim=True) / levels
     return (torch.round(blocks / torch.where(d > 0, d, 1)) * d).reshape(x.shape)
 
 
@@ -60,31 +60,53 @@ def test_float32_product_is_the_dequantized_product(qtype: str) -> None:
     block = random_blocks(qtype, rows, cols, seed=1)
     dense = torch.from_numpy(block.dequantize())
     x = torch.randn(SMALL_BATCH, cols, generator=torch.Generator().manual_seed(2))
-    got = QuantWeight([block]).linear(x)
+    got = QuantWeight([block], "float32").linear(x)
     for t in range(SMALL_BATCH):
         exact = dense.double() @ x[t].double()
         assert bool(((got[t].double() - exact).abs() <= float32_error_bound(dense, x[t])).all()), qtype
     bias = torch.randn(rows)
-    torch.testing.assert_close(QuantWeight([block]).linear(x[:1], bias), got[:1] + bias, rtol=0, atol=0)
+    torch.testing.assert_close(QuantWeight([block], "float32").linear(x[:1], bias), got[:1] + bias, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("activations", ["q8", "q16"])
 @pytest.mark.parametrize("qtype", sorted(KERNEL_FORMATS))
-def test_q8_product_matches_the_dequantized_reference(qtype: str) -> None:
-    rows, cols = 40, 768
+def test_rounded_activation_product_matches_the_dequantized_reference(qtype: str, activations: str) -> None:
+    rows, cols, levels = 40, 768, ACTIVATION_LEVELS[activations]
     block = random_blocks(qtype, rows, cols, seed=1)
-    weight = QuantWeight([block], activations="q8")
+    weight = QuantWeight([block], activations=activations)
     dense = torch.from_numpy(block.dequantize())
     x = torch.randn(3, cols, generator=torch.Generator().manual_seed(2))
+    x[1, 40:72] *= 50  # an outlier block, as hidden states have
     got = weight.linear(x)
     for t in range(3):
-        # exact up to float32 rounding against the 8-bit activations the kernel uses
-        want_q8 = dense.double() @ q8_round(x[t])
-        scale = (dense.double().abs() @ q8_round(x[t]).abs()).max()
-        assert (got[t].double() - want_q8).abs().max() <= 1e-5 * scale, qtype
+        # up to float32 rounding, the product with the rounded activations the kernel uses
+        # (q16: the mins and offsets take the exact block sums, hence the bound below)
+        want_rounded = dense.double() @ rounded(x[t], levels)
+        scale = (dense.double().abs() @ rounded(x[t], levels).abs()).max()
+        slack = 1e-5 * scale + (activation_rounding_bound(dense, x[t], levels) if activations == "q16" else 0)
+        assert bool(((got[t].double() - want_rounded).abs() <= slack).all()), qtype
         # within the stated bound of the float32 reference with the exact activations
         want = dense @ x[t]
-        bound = q8_error_bound(dense, x[t]) + 1e-5 * scale
+        bound = activation_rounding_bound(dense, x[t], levels) + 1e-5 * scale
         assert bool(((got[t].double() - want.double()).abs() <= bound).all()), qtype
+    if activations == "q16":  # 256 times finer than q8: far nearer the float32 product
+        q8 = QuantWeight([block], activations="q8").linear(x)
+        exact = (dense.double() @ x.double().T).T
+        assert (got.double() - exact).abs().max() * 20 < (q8.double() - exact).abs().max()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_q16_product_with_an_odd_number_of_blocks(qtype: str) -> None:
+    """Q4_0/Q4_1 take blocks two at a time; the last of an odd count goes alone."""
+    rows, cols = 24, 32 * 5
+    block = random_blocks(qtype, rows, cols, seed=8)
+    dense = torch.from_numpy(block.dequantize())
+    x = torch.randn(2, cols, generator=torch.Generator().manual_seed(9))
+    got = QuantWeight([block], activations="q16").linear(x)
+    for t in range(2):
+        scale = (dense.double().abs() @ x[t].double().abs()).max()
+        bound = activation_rounding_bound(dense, x[t], ACTIVATION_LEVELS["q16"]) + 1e-5 * scale
+        assert bool(((got[t].double() - dense.double() @ x[t].double()).abs() <= bound).all()), qtype
 
 
 def test_stacked_parts_of_mixed_formats_and_prefill_path() -> None:
@@ -96,7 +118,7 @@ def test_stacked_parts_of_mixed_formats_and_prefill_path() -> None:
     dense = torch.cat([torch.from_numpy(b.dequantize()) for b in blocks])
     torch.testing.assert_close(weight.dequantize(), dense, rtol=0, atol=0)
     x = torch.randn(1, cols, generator=torch.Generator().manual_seed(6))
-    for activations in ("float32", "q8"):
+    for activations in ACTIVATION_LEVELS:
         one = QuantWeight(blocks, activations).linear(x)[0]
         separate = torch.cat([QuantWeight([b], activations).linear(x)[0] for b in blocks])
         torch.testing.assert_close(one, separate, rtol=0, atol=0)
@@ -107,6 +129,6 @@ def test_stacked_parts_of_mixed_formats_and_prefill_path() -> None:
 
 
 def test_zero_activations_give_zero() -> None:
-    for activations in ("float32", "q8"):
+    for activations in ACTIVATION_LEVELS:
         weight = QuantWeight([random_blocks("Q4_1", 8, 256)], activations)
         assert torch.equal(weight.linear(torch.zeros(1, 256)), torch.zeros(1, 8))

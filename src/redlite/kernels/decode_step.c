@@ -20,7 +20,8 @@ typedef struct {
 typedef struct {
     int32_t n_layers, hidden, inter, n_heads, n_kv, head_dim, rot_dim, vocab;
     float eps, qk_eps;
-    int32_t q8, pad;          /* q8: 8-bit activations for quantized products (qmatmul_q8x) */
+    int32_t acts, pad;        /* activations of quantized products: 0 float32 (qmatvec), 1 8-bit
+                                 (qmatmul_q8x), 2 16-bit (qmatvec_q16x) */
     const layer_t *layers;
     const float *final_norm;
     mat_t lm_head;
@@ -36,12 +37,14 @@ static void rms_norm(const float *x, const float *w, int n, float eps, float *y)
 }
 
 void qmatmul_q8x(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo);
+void qmatvec_q16x(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo);
 
-/* y[t] = W x[t] (+ bias) for n_tok rows; each row computed exactly as alone (qmatvec and
- * qmatmul_q8x treat rows independently) */
-static void product(const mat_t *m, const float *x, int n_tok, int n, float *y, int q8) {
-    for (int p = 0; p < m->n_parts && q8; p++) q8 = m->parts[p].fmt != F32;
-    if (q8) qmatmul_q8x(m->parts, m->n_parts, x, n_tok, n, y, m->rows);
+/* y[t] = W x[t] (+ bias) for n_tok rows; each row computed exactly as alone (the kernels
+ * treat rows independently); acts: see model_t */
+static void product(const mat_t *m, const float *x, int n_tok, int n, float *y, int acts) {
+    for (int p = 0; p < m->n_parts && acts; p++) acts = m->parts[p].fmt != F32 ? acts : 0;
+    if (acts == 1) qmatmul_q8x(m->parts, m->n_parts, x, n_tok, n, y, m->rows);
+    else if (acts == 2) qmatvec_q16x(m->parts, m->n_parts, x, n_tok, n, y, m->rows);
     else qmatvec(m->parts, m->n_parts, x, n_tok, n, y, m->rows, 0);
     if (m->bias)
         for (int t = 0; t < n_tok; t++)
@@ -148,22 +151,22 @@ void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int6
             rms_norm(x + (size_t)t * hid, l->attn_norm, hid, m->eps, xn + (size_t)t * hid);
             layer_kv[t] = kv[t] + i * 2 * (int64_t)m->n_kv * max_tokens[t] * m->head_dim;
         }
-        product(&l->qkv, xn, n_tok, hid, qkv, m->q8);
+        product(&l->qkv, xn, n_tok, hid, qkv, m->acts);
         attention(m, l, n_tok, qkv, pos, layer_kv, max_tokens, score_at, lo, ao, scores);
-        product(&l->o, ao, n_tok, att, tmp, m->q8);
+        product(&l->o, ao, n_tok, att, tmp, m->acts);
         for (size_t j = 0; j < (size_t)hid * n_tok; j++) x[j] += tmp[j];
         for (int t = 0; t < n_tok; t++) rms_norm(x + (size_t)t * hid, l->ffn_norm, hid, m->eps, xn + (size_t)t * hid);
-        product(&l->gate_up, xn, n_tok, hid, gu, m->q8);
+        product(&l->gate_up, xn, n_tok, hid, gu, m->acts);
         for (int t = 0; t < n_tok; t++) {
             const float *g = gu + (size_t)t * 2 * m->inter;
             float *a = act + (size_t)t * m->inter;
             for (int j = 0; j < m->inter; j++) a[j] = g[j] / (1.f + expf(-g[j])) * g[m->inter + j];
         }
-        product(&l->down, act, n_tok, m->inter, tmp, m->q8);
+        product(&l->down, act, n_tok, m->inter, tmp, m->acts);
         for (size_t j = 0; j < (size_t)hid * n_tok; j++) x[j] += tmp[j];
     }
     for (int t = 0; t < n_tok; t++) rms_norm(x + (size_t)t * hid, m->final_norm, hid, m->eps, xn + (size_t)t * hid);
-    product(&m->lm_head, xn, n_tok, hid, logits, m->q8);
+    product(&m->lm_head, xn, n_tok, hid, logits, m->acts);
     free(layer_kv);
     free(x);
     free(score_at);

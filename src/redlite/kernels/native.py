@@ -26,7 +26,7 @@ from pathlib import Path
 
 log = logging.getLogger("redlite.kernels")
 
-SOURCES = ("qmatmul.c", "qmatvec.c", "decode_step.c", "pool.c")
+SOURCES = ("qmatmul.c", "qmatvec.c", "qmatvec16.c", "decode_step.c", "pool.c")
 HEADERS = ("gguf_blocks.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fPIC", "-shared", "-std=gnu11")
 _reason: str | None = None
@@ -128,6 +128,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.qmatvec.restype = None
     lib.qmatmul_q8x.argtypes = [p, i, vp, i, i, vp, i64]
     lib.qmatmul_q8x.restype = None
+    lib.qmatvec_q16x.argtypes = [p, i, vp, i, i, vp, i64]
+    lib.qmatvec_q16x.restype = None
     lib.decode_step.argtypes = [vp, i64, i64, vp, i64, vp]
     lib.decode_step.restype = None
     lib.decode_batch.argtypes = [vp, i, vp, vp, vp, vp, vp]

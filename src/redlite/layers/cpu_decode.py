@@ -4,8 +4,9 @@
 Per token, the eager path dispatches some 600 small torch ops for a 30-layer model (norms,
 rotary, cache writes, attention, residual adds); on a 2-core CPU that costs as much as the
 matrix products themselves. :class:`FusedDecode` hands the whole step to C: the same float32
-arithmetic (up to the order of float32 additions), the products through the quantized kernels
-(or F32 rows for dense weights), the KV cache written in place.
+arithmetic as the torch layers (up to the order of float32 additions), the products through the
+quantized kernels on the activations chosen (16-bit by default, see
+:mod:`redlite.layers.quant_weight`; F32 rows for dense weights), the KV cache written in place.
 
 :meth:`FusedDecode.build` returns None unless every condition holds (CPU, float32 weights and
 cache, the kernel library loaded, sizes the kernels take, at least one quantized matrix unless
@@ -20,8 +21,12 @@ import logging
 import torch
 
 from redlite.kernels import native
+from redlite.layers.quant_weight import DECODE_ACTIVATIONS
 
 log = logging.getLogger("redlite.decode")
+
+#: Activation forms of the quantized products (``acts`` in decode_step.c's ``model_t``).
+ACTIVATIONS = {"float32": 0, "q8": 1, "q16": 2}
 
 class _Mat(ctypes.Structure):
     _fields_ = [("parts", ctypes.POINTER(native.Part)), ("n_parts", ctypes.c_int32), ("rows", ctypes.c_int32),
@@ -37,7 +42,7 @@ class _Model(ctypes.Structure):
     _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("inter", ctypes.c_int32),
                 ("n_heads", ctypes.c_int32), ("n_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32),
                 ("rot_dim", ctypes.c_int32), ("vocab", ctypes.c_int32), ("eps", ctypes.c_float),
-                ("qk_eps", ctypes.c_float), ("q8", ctypes.c_int32), ("pad", ctypes.c_int32),
+                ("qk_eps", ctypes.c_float), ("acts", ctypes.c_int32), ("pad", ctypes.c_int32),
                 ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
                 ("lm_head", _Mat), ("embed", ctypes.POINTER(native.Part)), ("cos", ctypes.c_void_p),
                 ("sin", ctypes.c_void_p)]
@@ -47,7 +52,7 @@ class FusedDecode:
     """One decode token of a :class:`~redlite.models.llama.LlamaModel` in one C call; build
     with :meth:`build`. Holds pointers into the model's weights (kept alive here)."""
 
-    def __init__(self, model, lib: ctypes.CDLL, activations: str = "float32"):
+    def __init__(self, model, lib: ctypes.CDLL, activations: str = DECODE_ACTIVATIONS):
         self.lib, self.model = lib, model
         self._keep: list = []  # ctypes arrays and tensors the C structs point into
         spec = model.spec
@@ -61,17 +66,18 @@ class FusedDecode:
         self._keep.append(layers)
         self.struct = _Model(spec.n_layers, spec.hidden, spec.inter, spec.n_heads, spec.n_kv_heads, spec.head_dim,
                              model.rotary.rotary_dim, spec.vocab, spec.eps, model.layers[0].attn.norm_eps,
-                             int(activations == "q8"), 0, layers, self._ptr(model.norm.weight), self._mat(model.lm_head_weight, None),
+                             ACTIVATIONS[activations], 0, layers, self._ptr(model.norm.weight), self._mat(model.lm_head_weight, None),
                              ctypes.cast(self._parts(model.embed_weight), ctypes.POINTER(native.Part)),
                              None, None)
 
     @classmethod
-    def build(cls, model, require_quantized: bool = True, activations: str = "float32") -> "FusedDecode | None":
+    def build(cls, model, require_quantized: bool = True,
+              activations: str = DECODE_ACTIVATIONS) -> "FusedDecode | None":
         """The fused step of ``model``, or None when it does not apply (see the module docstring).
-        ``activations="q8"``: quantized products on 8-bit activations, as llama.cpp computes them
-        (faster, not the float32 reference's text; for measurements, see bench/cpu.py)."""
-        if activations not in ("float32", "q8"):
-            raise ValueError(f"activations must be 'float32' or 'q8', got {activations!r}")
+        ``activations``: of the quantized products, as in
+        :mod:`redlite.layers.quant_weight` (``"q16"``, ``"float32"``, ``"q8"``)."""
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {sorted(ACTIVATIONS)}, got {activations!r}")
         spec = model.spec
         matrices = [model.embed_weight, model.lm_head_weight]
         for layer in model.layers:

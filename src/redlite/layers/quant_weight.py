@@ -6,13 +6,18 @@ owning its kernels).
 GGUF file and run on CPU; :func:`redlite.layers.linear.linear_kernel`'s functions and
 :func:`redlite.layers.linear.embedding` accept either, so model code never asks which.
 
-* few tokens (decode, ``T <= SMALL_BATCH``): our C kernel (:mod:`redlite.kernels.native`,
-  ``qmatvec``): per block, the codes times the float32 activations, then the block's scale
-  (and its min times the block's activation sum): the float32 product of the dequantized
-  weight up to the order of the additions (see :func:`float32_error_bound`), so greedy text
-  equals the float32 reference's. ``activations="q8"`` instead rounds each activation row to
-  8 bits per 32 values (scale ``max|x| / 127``, as llama.cpp does) and multiplies in integers
-  (``qmatmul_q8x``): faster where compute-bound, off by up to :func:`q8_error_bound`.
+* few tokens (decode, ``T <= SMALL_BATCH``): our C kernels (:mod:`redlite.kernels.native`),
+  on the activations :data:`DECODE_ACTIVATIONS` unless asked otherwise:
+  ``"q16"`` rounds each activation row to 16 bits per 32 values (scale ``max|x| / 32767``)
+  and sums codes times activations in integers (``qmatvec_q16x``; mins and offsets use the
+  float32 block sums of x): off by at most :func:`activation_rounding_bound` (``levels``
+  32767), about 2x faster than float32 where compute-bound, and the greedy text of the
+  regression prompts equals the float32 reference's (tests/test_quant_model.py).
+  ``"float32"`` (``qmatvec``): per block, the codes times the float32 activations, then the
+  block's scale (and its min times the block's activation sum): the float32 product of the
+  dequantized weight up to the order of the additions (see :func:`float32_error_bound`).
+  ``"q8"`` rounds to 8 bits per 32 values (``max|x| / 127``, as llama.cpp does;
+  ``qmatmul_q8x``): fastest, but off by up to ``levels`` 127, which changes greedy text.
 * more tokens (prefill): the weight is dequantized to float32 (C, multi-threaded) for the call
   and multiplied by the dense kernel: the float32 reference's result.
 """
@@ -33,6 +38,10 @@ from redlite.kernels import native
 KERNEL_FORMATS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 #: Most activation rows for the integer kernel; more go through a float32 dequantization.
 SMALL_BATCH = 4
+#: The activations of few-token products (see the module docstring).
+DECODE_ACTIVATIONS = "q16"
+#: Rounding levels of each activation form (0: not rounded).
+ACTIVATION_LEVELS = {"float32": 0, "q8": 127, "q16": 32767}
 
 
 @dataclass
@@ -74,10 +83,10 @@ class QuantWeight(nn.Module):
 
     is_quantized = True
 
-    def __init__(self, blocks: list[QuantTensor], activations: str = "float32"):
+    def __init__(self, blocks: list[QuantTensor], activations: str = DECODE_ACTIVATIONS):
         super().__init__()
-        if activations not in ("float32", "q8"):
-            raise ValueError(f"activations must be 'float32' or 'q8', got {activations!r}")
+        if activations not in ACTIVATION_LEVELS:
+            raise ValueError(f"activations must be one of {sorted(ACTIVATION_LEVELS)}, got {activations!r}")
         self.activations = activations
         self.lib = native.library()
         if self.lib is None or not blocks:
@@ -118,6 +127,9 @@ class QuantWeight(nn.Module):
         if self.activations == "q8":
             self.lib.qmatmul_q8x(self.parts, self.n_parts, x.data_ptr(), n_tok, self.shape[1], out.data_ptr(),
                                  self.shape[0])
+        elif self.activations == "q16":
+            self.lib.qmatvec_q16x(self.parts, self.n_parts, x.data_ptr(), n_tok, self.shape[1], out.data_ptr(),
+                                  self.shape[0])
         else:
             self.lib.qmatvec(self.parts, self.n_parts, x.data_ptr(), n_tok, self.shape[1], out.data_ptr(),
                              self.shape[0], 0)
@@ -169,9 +181,10 @@ def float32_error_bound(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (weight.double().abs() @ x.double().abs()) * (k / (1 - k))
 
 
-def q8_error_bound(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Bound on ``|kernel(x) - weight @ x|`` from the 8-bit activation rounding alone: per
-    output, ``sum_blocks (max|x_block| / 127 / 2) * sum_{j in block} |W_ij|`` (float64,
+def activation_rounding_bound(weight: torch.Tensor, x: torch.Tensor, levels: int) -> torch.Tensor:
+    """Bound on ``|kernel(x) - weight @ x|`` from rounding the activations to ``levels`` steps
+    per sign (127: q8, 32767: q16) alone: per output,
+    ``sum_blocks (max|x_block| / levels / 2) * sum_{j in block} |W_ij|`` (float64,
     ``weight`` [out, in], ``x`` [in]). Float32 rounding of the sums comes on top."""
-    half_step = x.double().reshape(-1, 32).abs().amax(dim=1) / 127 / 2
+    half_step = x.double().reshape(-1, 32).abs().amax(dim=1) / levels / 2
     return (weight.double().abs().reshape(weight.shape[0], -1, 32).sum(dim=2) * half_step).sum(dim=1)
