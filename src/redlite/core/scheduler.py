@@ -32,7 +32,7 @@ from typing import Any
 
 from redlite.core.executor import EngineExecutor, SlotProxy
 from redlite.core.forks import trusted
-from redlite.core.generation import EngineTask, Generator, GenerationResult
+from redlite.core.generation import EngineTask, Generator
 from redlite.core.placement import SlotView, choose_slot
 from redlite.core.worker import CUT_OFF, Event, Job, QueueFull, ShuttingDown, run_job, send
 
