@@ -81,3 +81,24 @@ def test_after_close_calls_run_on_the_callers_thread():
     assert pool.held_ids == [1, 2, 3]
     with pytest.raises(EngineError):
         proxy.rewind(9)
+
+
+def test_a_batch_lists_its_slots_in_the_order_they_were_made():
+    pool = CountingEcho()
+    slots = [pool, pool.new_slot(), pool.new_slot()]
+    seen = []
+    original = pool.decode_batch
+    pool.decode_batch = lambda batch, tokens: (seen.append([slots.index(s) for s in batch]),
+                                               original(batch, tokens))[1]
+    executor = EngineExecutor(pool, batch_wait_s=5.0)
+    try:
+        proxies = [SlotProxy(s, executor) for s in slots]
+        for proxy in proxies:
+            proxy.prefill([1])
+        decode_together(proxies, [2, 3, 4])
+        seen.clear()
+        for _ in range(3):
+            decode_together(proxies[::-1], [5, 6, 7])  # posted in another order each time
+        assert seen == [[0, 1, 2]] * 3
+    finally:
+        executor.close()

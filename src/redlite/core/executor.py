@@ -7,7 +7,9 @@ own thread, in order:
 
 - a decode step of a slot waits until every slot that is decoding has posted its next token
   (or ``batch_wait_s`` has passed since the first one did), then all of them run as one
-  :meth:`~redlite.engine.base.Engine.decode_batch`;
+  :meth:`~redlite.engine.base.Engine.decode_batch`, the slots always in the order their
+  proxies were made (the same set of slots is the same batch step after step, which an
+  engine's CUDA graph per set of slots needs);
 - any other call (a prefill chunk, a sampling step, a snapshot, a rewind) runs as soon as it
   is posted, between two decode batches: a long prefill, sent chunk by chunk by the
   generator (``--prefill-chunk``), holds the others' next token back by at most one chunk.
@@ -26,6 +28,7 @@ Once :meth:`EngineExecutor.close` has ended the thread, calls run on the caller'
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -166,7 +169,9 @@ class EngineExecutor:
                 self._sticky = (owner, time.monotonic() + STICKY_S, prefill)
 
     def _run_batch(self, batch: dict) -> None:
-        proxies = list(batch)
+        # slots in a stable order (their making), not posting order: an engine keys what it
+        # prepares for a set of slots (a CUDA graph) by their order
+        proxies = sorted(batch, key=lambda proxy: proxy.order)
         tokens = [batch[p][0] for p in proxies]
         futures = [batch[p][1] for p in proxies]
         try:
@@ -195,6 +200,9 @@ def _settle(future: Future, fn: Callable[[], Any]) -> None:
         future.set_result(fn())
     except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
         future.set_exception(error)
+
+
+_MADE = itertools.count()
 
 
 class _RemoteSampler(Sampler):
@@ -242,6 +250,7 @@ class SlotProxy:
     def __init__(self, target: Engine, executor: EngineExecutor) -> None:
         self.target = target
         self.executor = executor
+        self.order = next(_MADE)  # batches list their slots by this
         self.sampler: _RemoteSampler | None = None  # the running request's, sampled after decodes
 
     def __getattr__(self, name: str) -> Any:
