@@ -40,6 +40,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# bench/concurrent.py would hide the standard library's concurrent package (torch imports it)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 CACHE = Path.home() / ".cache" / "redlite"
 RANDOM_SHAPE = {"layers": 28, "hidden": 1536, "inter": 8960, "heads": 12, "kv_heads": 2}
 
@@ -186,7 +188,7 @@ def model_path(name: str) -> Path:
         path = CACHE / "bench" / "random-llama-1.5b-Q4_K.gguf"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            sys.path.insert(0, str(ROOT / "bench"))
+            sys.path.append(str(ROOT / "bench"))
             from random_gguf import write
 
             print(f"writing {path} ...", flush=True)

@@ -167,6 +167,8 @@ static float dot16_row(int fmt, const uint8_t *w, x16 x, int n) {
 
 typedef struct { const part_t *parts; int n_parts, n_tok, n; x16 x; float *out; int64_t ldo; } q16_job;
 
+#define PREFETCH_BYTES 2048
+
 static void q16_task(void *arg, int64_t begin, int64_t end) {
     const q16_job *j = (const q16_job *)arg;
     int nb = j->n / 32;
@@ -174,12 +176,16 @@ static void q16_task(void *arg, int64_t begin, int64_t end) {
     for (int p = 0; p < j->n_parts; p++) {
         const part_t *pt = j->parts + p;
         int64_t lo = begin > first ? begin : first, hi = end < first + pt->rows ? end : first + pt->rows;
-        for (int64_t r = lo; r < hi; r++)
+        for (int64_t r = lo; r < hi; r++) {
+            int64_t at = (r - first) * pt->row_bytes;  /* prefetch PREFETCH_BYTES ahead while computing */
+            if (at + PREFETCH_BYTES + pt->row_bytes <= (int64_t)pt->rows * pt->row_bytes)
+                for (int64_t b = 0; b < pt->row_bytes; b += 64) _mm_prefetch((const char *)pt->data + at + PREFETCH_BYTES + b, _MM_HINT_T0);
             for (int t = 0; t < j->n_tok; t++) {
                 int64_t o = (int64_t)t * j->n;
                 x16 xt = {j->x.q + o, j->x.qe + o, j->x.qp + o, j->x.d + t * nb, j->x.sx + t * nb};
                 j->out[t * j->ldo + r] = dot16_row(pt->fmt, pt->data + (r - first) * pt->row_bytes, xt, j->n);
             }
+        }
         first += pt->rows;
     }
 }
