@@ -53,7 +53,10 @@ def say(*parts) -> None:
     print(*parts, flush=True)
 
 
-def section(name: str, fn, *args):
+def section(name: str, fn, *args, write=None):
+    """Run ``fn(*args)`` as a titled section: an exception is printed and recorded in
+    ``R["errors"]`` (then None is returned); the results are written after it either way
+    (``write``: the writer, default :func:`write_results`)."""
     say(f"\n== {name} ==")
     started = time.perf_counter()
     try:
@@ -65,7 +68,7 @@ def section(name: str, fn, *args):
         return None
     finally:
         say(f"   ({name}: {time.perf_counter() - started:.1f} s)")
-        write_results()
+        (write or write_results)()
 
 
 def timed(fn, device, reps: int, warm: int = 2) -> float:

@@ -38,7 +38,6 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -55,23 +54,11 @@ R = gpu.R
 R.update({"checks": {}, "decode": [], "decode_split": [], "prefill": [], "fork": [], "hf": []})
 
 
-def say(*parts) -> None:
-    print(*parts, flush=True)
+say = gpu.say
 
 
 def section(name, fn, *args):
-    say(f"\n== {name} ==")
-    started = time.perf_counter()
-    try:
-        return fn(*args)
-    except Exception as error:  # noqa: BLE001 - report and go on
-        traceback.print_exc()
-        sys.stdout.flush()
-        R["errors"].append(f"{name}: {type(error).__name__}: {error}")
-        return None
-    finally:
-        say(f"   ({name}: {time.perf_counter() - started:.1f} s)")
-        write_results()
+    return gpu.section(name, fn, *args, write=write_results)
 
 
 def write_results() -> None:

@@ -10,14 +10,12 @@ restored from a device checkpoint equal to a cold run.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from hybrid_builders import assert_logits_close, fork_and_cold, random_ids, randomize, run_check_script
 from redlite.engine.torch_engine import TorchEngine
 from redlite.models.qwen3_5 import Qwen3_5Model
 
@@ -29,26 +27,14 @@ CONFIG = dict(model_type="qwen3_5_text", vocab_size=120, hidden_size=64, interme
               max_position_embeddings=512, tie_word_embeddings=False,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
 HYBRID_CHECK = Path(__file__).resolve().parent / "triton_hybrid_check.py"
-SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 
 def make_model(device="cpu", dtype=torch.float32, seed=0) -> Qwen3_5Model:
-    model = Qwen3_5Model(CONFIG, device=device, dtype=dtype)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                value = torch.empty(p.shape).uniform_(0.005, 1.0, generator=gen).log()
-            elif "norm" in name or name.endswith("dt_bias"):
-                value = 0.3 * torch.randn(p.shape, generator=gen)
-            else:
-                value = 0.15 * torch.randn(p.shape, generator=gen)
-            p.copy_(value)
-    return model.eval()
+    return randomize(Qwen3_5Model(CONFIG, device=device, dtype=dtype), seed)
 
 
 def ids(n: int, seed: int = 1) -> list[int]:
-    return torch.randint(0, CONFIG["vocab_size"], (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return random_ids(CONFIG["vocab_size"], n, seed)
 
 
 def trace(engine: TorchEngine) -> list[torch.Tensor]:
@@ -74,9 +60,7 @@ def compare(model, device, dtype, tol):
     static = TorchEngine(model, ctx_size=96, device=device, dtype=dtype, cuda_graphs=True)
     want, got = trace(eager), trace(static)
     assert eager.decode_path == "eager" and static.decode_path != "eager"
-    for i, (a, b) in enumerate(zip(want, got)):
-        err = (a - b).abs().max().item()
-        assert err < tol * max(1.0, a.abs().max().item()), (i, err)
+    assert_logits_close(want, got, tol)
     return static
 
 
@@ -87,9 +71,7 @@ def test_static_step_matches_forward_on_cpu():
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_hybrid_triton_kernels_in_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, str(HYBRID_CHECK), "cpu"], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = run_check_script(HYBRID_CHECK, "cpu", interpret=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "torch.float32: hybrid ok" in done.stdout
 
@@ -109,18 +91,13 @@ def test_graph_replay_matches_eager_and_float32_on_gpu(dtype, tol):
     reference = TorchEngine(make_model(), ctx_size=96, device="cpu", dtype=torch.float32, cuda_graphs=False)
     want = trace(reference)
     static.reset()
-    got = trace(static)
-    for i, (a, b) in enumerate(zip(want, got)):
-        err = (a - b.cpu()).abs().max().item()
-        assert err < max(tol, 1e-3) * max(1.0, a.abs().max().item()), (i, err)
+    assert_logits_close(want, trace(static), max(tol, 1e-3))
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_hybrid_triton_kernels_on_gpu():
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, str(HYBRID_CHECK), "cuda"], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = run_check_script(HYBRID_CHECK, "cuda", interpret=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "torch.bfloat16: hybrid ok" in done.stdout
 
@@ -133,24 +110,8 @@ def test_fork_from_gpu_checkpoint_decodes_like_cold(dtype):
     decoded through the graph) equal a cold run fed the same segments."""
     model = make_model("cuda", dtype)
     engine = TorchEngine(model, ctx_size=160, device="cuda", dtype=dtype)
-    prefix, branch, fork = ids(50, seed=5), ids(9, seed=6), ids(11, seed=7)
-
-    def greedy(logits, n=12):
-        out = []
-        for _ in range(n):
-            out.append(int(logits.argmax()))
-            logits = engine.decode(out[-1])
-        return out
-
-    checkpoint = engine.take_checkpoint(engine.prefill(prefix))
+    warm, cold, checkpoint = fork_and_cold(engine, ids(50, seed=5), ids(9, seed=6), ids(11, seed=7))
     assert checkpoint.data["layers.0.recurrent"].device.type == "cuda"
-    greedy(engine.prefill(branch))
-    engine.restore_checkpoint(checkpoint)
-    warm = greedy(engine.prefill(fork))
-    assert engine.decode_path.startswith("graph/"), engine.decode_path
-    engine.reset()
-    engine.prefill(prefix)
-    cold = greedy(engine.prefill(fork))
     assert warm == cold
 
 

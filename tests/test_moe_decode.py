@@ -10,14 +10,12 @@ prefill against the loop, and greedy decoding after a fork from a device checkpo
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from hybrid_builders import assert_logits_close, fork_and_cold, random_ids, randomize, run_check_script
 from redlite.engine.torch_engine import TorchEngine
 from redlite.layers import moe as moe_module
 from redlite.models.qwen3_5 import Qwen3_5Model
@@ -31,28 +29,14 @@ CONFIG = dict(model_type="qwen3_5_moe_text", vocab_size=120, hidden_size=64, num
               shared_expert_intermediate_size=48, norm_topk_prob=True,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
 MOE_CHECK = Path(__file__).resolve().parent / "triton_moe_check.py"
-SRC = str(Path(__file__).resolve().parent.parent / "src")
 
 
 def make_model(device="cpu", dtype=torch.float32, seed=0) -> Qwen3_5Model:
-    model = Qwen3_5Model(CONFIG, device=device, dtype=dtype)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("A_log"):
-                value = torch.empty(p.shape).uniform_(0.005, 1.0, generator=gen).log()
-            elif "norm" in name or name.endswith("dt_bias"):
-                value = 0.3 * torch.randn(p.shape, generator=gen)
-            elif name.endswith("gates_weight"):  # router scores well apart: no near-ties in bf16
-                value = 1.5 * torch.randn(p.shape, generator=gen)
-            else:
-                value = 0.15 * torch.randn(p.shape, generator=gen)
-            p.copy_(value)
-    return model.eval()
+    return randomize(Qwen3_5Model(CONFIG, device=device, dtype=dtype), seed, router_scale=1.5)
 
 
 def ids(n: int, seed: int = 1) -> list[int]:
-    return torch.randint(0, CONFIG["vocab_size"], (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return random_ids(CONFIG["vocab_size"], n, seed)
 
 
 def trace(engine: TorchEngine) -> list[torch.Tensor]:
@@ -68,13 +52,6 @@ def trace(engine: TorchEngine) -> list[torch.Tensor]:
     out += [engine.decode(t) for t in (5, 6, 7)]
     engine.reset()
     return out
-
-
-def compare(want: list[torch.Tensor], got: list[torch.Tensor], tol: float) -> None:
-    for i, (a, b) in enumerate(zip(want, got)):
-        a, b = a.float().cpu(), b.float().cpu()
-        err = (a - b).abs().max().item()
-        assert err < tol * max(1.0, a.abs().max().item()), (i, err)
 
 
 def test_grouped_mm_prefill_matches_per_expert_loop(monkeypatch):
@@ -95,15 +72,13 @@ def test_static_step_matches_eager_on_cpu():
     model = make_model()
     eager = TorchEngine(model, ctx_size=96, device="cpu", dtype=torch.float32, cuda_graphs=False)
     static = TorchEngine(model, ctx_size=96, device="cpu", dtype=torch.float32, cuda_graphs=True)
-    compare(trace(eager), trace(static), 1e-4)
+    assert_logits_close(trace(eager), trace(static), 1e-4)
     assert static.decode_path == "static-eager/torch"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_moe_triton_kernels_in_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, str(MOE_CHECK), "cpu"], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = run_check_script(MOE_CHECK, "cpu", interpret=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "torch.bfloat16: moe ok" in done.stdout
 
@@ -114,9 +89,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.gpu
 @needs_cuda
 def test_moe_triton_kernels_on_gpu():
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, str(MOE_CHECK), "cuda"], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = run_check_script(MOE_CHECK, "cuda", interpret=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "torch.bfloat16: moe ok" in done.stdout
 
@@ -130,10 +103,10 @@ def test_graph_replay_matches_eager_and_float32_on_gpu(dtype, tol):
     static = TorchEngine(model, ctx_size=96, device="cuda", dtype=dtype, cuda_graphs=True)
     got = trace(static)
     assert static.decode_path.startswith("graph/triton"), static.decode_path
-    compare(trace(eager), got, tol)
+    assert_logits_close(trace(eager), got, tol)
     # the GPU prefill (fla's chunked kernels, cuBLAS) rounds differently from the CPU reference
     reference = TorchEngine(make_model(), ctx_size=96, device="cpu", dtype=torch.float32, cuda_graphs=False)
-    compare(trace(reference), got, max(tol, 1e-2))
+    assert_logits_close(trace(reference), got, max(tol, 1e-2))
 
 
 @pytest.mark.gpu
@@ -155,20 +128,5 @@ def test_bfloat16_grouped_mm_prefill_on_gpu(monkeypatch):
 def test_fork_from_gpu_checkpoint_decodes_like_cold():
     model = make_model("cuda", torch.bfloat16)
     engine = TorchEngine(model, ctx_size=160, device="cuda", dtype=torch.bfloat16)
-    prefix, branch, fork = ids(50, seed=5), ids(9, seed=6), ids(11, seed=7)
-
-    def greedy(logits, n=12):
-        out = []
-        for _ in range(n):
-            out.append(int(logits.argmax()))
-            logits = engine.decode(out[-1])
-        return out
-
-    checkpoint = engine.take_checkpoint(engine.prefill(prefix))
-    greedy(engine.prefill(branch))
-    engine.restore_checkpoint(checkpoint)
-    warm = greedy(engine.prefill(fork))
-    assert engine.decode_path.startswith("graph/"), engine.decode_path
-    engine.reset()
-    engine.prefill(prefix)
-    assert warm == greedy(engine.prefill(fork))
+    warm, cold, _ = fork_and_cold(engine, ids(50, seed=5), ids(9, seed=6), ids(11, seed=7))
+    assert warm == cold

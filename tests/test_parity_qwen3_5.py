@@ -10,33 +10,15 @@ from __future__ import annotations
 
 import inspect
 import math
-import sys
 
 import pytest
 import torch
+from hf_reference import import_without_cuda_kernels
 
 import transformers
 
 
-def _import_reference_without_cuda_kernels():
-    """Import transformers' Qwen3.5 modelling with its pure-PyTorch paths.
-
-    transformers binds flash-linear-attention / causal-conv1d functions at import time when
-    those packages are installed and then calls them for CPU tensors too, which fails; hide
-    the packages while the module is imported so the CPU reference always runs.
-    """
-    blocked = ("fla", "causal_conv1d")
-    hidden = {n: sys.modules.pop(n) for n in list(sys.modules) if n.split(".")[0] in blocked}
-    sys.modules.update(dict.fromkeys(blocked))
-    try:
-        import transformers.models.qwen3_5.modeling_qwen3_5  # noqa: F401
-    finally:
-        for name in blocked:
-            del sys.modules[name]
-        sys.modules.update(hidden)
-
-
-_import_reference_without_cuda_kernels()
+import_without_cuda_kernels("transformers.models.qwen3_5.modeling_qwen3_5")
 
 from transformers import (  # noqa: E402
     Qwen3_5Config,

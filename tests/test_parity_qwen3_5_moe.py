@@ -11,27 +11,14 @@ from __future__ import annotations
 
 import inspect
 import json
-import sys
 
 import pytest
 import torch
+from hf_reference import import_without_cuda_kernels
 from safetensors.torch import load_file, save_file
 
 
-def _import_reference_without_cuda_kernels():
-    """As in test_parity_qwen3_5: import the modelling with its pure-PyTorch paths."""
-    blocked = ("fla", "causal_conv1d")
-    hidden = {n: sys.modules.pop(n) for n in list(sys.modules) if n.split(".")[0] in blocked}
-    sys.modules.update(dict.fromkeys(blocked))
-    try:
-        import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe  # noqa: F401
-    finally:
-        for name in blocked:
-            del sys.modules[name]
-        sys.modules.update(hidden)
-
-
-_import_reference_without_cuda_kernels()
+import_without_cuda_kernels("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
 
 from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig  # noqa: E402
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from triton_kernel_check import REF, close  # noqa: E402  (applies the interpreter patch)
+from triton_kernel_check import REF, check_decode_write, close  # noqa: E402  (applies the interpreter patch)
 
 from redlite.layers import triton_decode as tk  # noqa: E402
 from redlite.layers import triton_gdn  # noqa: E402
@@ -67,11 +67,7 @@ def check_gated_attention(device, dtype, tol, gen):
                                           None, splits, counters, gated=True, k_norm_weight=kn,
                                           combine_in_kernel=not separate).view(1, -1)
                 name = f"gated attention {heads}/{kv}/{dim}/{rotary} pos {p} splits {splits} separate {separate}"
-                close(name, got, want, tol)
-                close(name + " k/v row", got_cache[:, :, p], want_cache[:, :, p], tol)
-                assert torch.equal(got_cache[:, :, :p], cache[:, :, :p]), name + ": rows before pos changed"
-                assert torch.equal(got_cache[:, :, p + 1:], cache[:, :, p + 1:]), name + ": rows after changed"
-                assert not counters.any(), name + ": slice counters not reset"
+                check_decode_write(name, got, want, got_cache, want_cache, cache, p, counters, tol)
 
 
 def check_gdn_step(device, dtype, tol, gen):

@@ -41,6 +41,17 @@ def close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
         raise AssertionError(f"{name}: relative error {err:.3e} > {tol:.1e}")
 
 
+def check_decode_write(name: str, got, want, got_cache, want_cache, cache, pos: int, counters, tol: float) -> None:
+    """One decode-attention call against the reference: its output, the k/v row it wrote at
+    ``pos`` (the row index is the third dim of the caches), every other row of ``cache``
+    untouched and the split counters reset."""
+    close(name, got, want, tol)
+    close(name + " k/v row", got_cache[:, :, pos], want_cache[:, :, pos], tol)
+    assert torch.equal(got_cache[:, :, :pos], cache[:, :, :pos]), name + ": rows before pos changed"
+    assert torch.equal(got_cache[:, :, pos + 1:], cache[:, :, pos + 1:]), name + ": rows after changed"
+    assert not counters.any(), name + ": slice counters not reset"
+
+
 def check_norms(device, dtype, tol, gen):
     for rows, n in ((1, 4096), (3, 100)):
         x = torch.randn(rows, n, generator=gen).to(device, dtype)
@@ -77,11 +88,7 @@ def check_attention(device, dtype, tol, gen):
                                               kv, dim, window, splits, counters, combine_in_kernel=not separate)
                     name = (f"attention {heads}/{kv}/{dim}/{rotary} pos {p} window {window} splits {splits}"
                             f"{' separate combine' if separate else ''}")
-                    close(name, got, want, tol)
-                    close(name + " k/v row", got_cache[:, :, p], want_cache[:, :, p], tol)
-                    assert torch.equal(got_cache[:, :, :p], cache[:, :, :p]), name + ": rows before pos changed"
-                    assert torch.equal(got_cache[:, :, p + 1:], cache[:, :, p + 1:]), name + ": rows after changed"
-                    assert not counters.any(), name + ": slice counters not reset"
+                    check_decode_write(name, got, want, got_cache, want_cache, cache, p, counters, tol)
 
 
 def check_silu_mul(device, dtype, tol, gen):

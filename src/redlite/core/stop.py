@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redlite.core.kmp import prefix_function
+
 MAX_STOP_SEQUENCES = 4
 """Most stop strings one request may give (OpenAI ``stop``: "up to 4 sequences")."""
 
@@ -89,20 +91,6 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _prefix_function(s: str) -> list[int]:
-    """KMP prefix function: ``pi[i]`` is the length of the longest proper prefix of
-    ``s[:i + 1]`` that is also a suffix of it."""
-    pi = [0] * len(s)
-    k = 0
-    for i in range(1, len(s)):
-        while k and s[i] != s[k]:
-            k = pi[k - 1]
-        if s[i] == s[k]:
-            k += 1
-        pi[i] = k
-    return pi
-
-
 class StopScanner:
     """Cuts a stream of generated text at the earliest stop sequence.
 
@@ -160,7 +148,7 @@ class StopScanner:
             if not s:
                 raise ValueError("stop strings must not be empty")
         self._stops: tuple[str, ...] = tuple(stops)
-        self._pi: tuple[list[int], ...] = tuple(_prefix_function(s) for s in self._stops)
+        self._pi: tuple[list[int], ...] = tuple(prefix_function(s) for s in self._stops)
         # _state[k]: length of the longest suffix of _pending that is a proper prefix of stop k,
         # or -1 once stop k has matched completely (it can no longer give an earlier match).
         self._state: list[int] = [0] * len(self._stops)

@@ -31,83 +31,25 @@ one token, where the tokenizer spells those bytes one by one (a re-tokenizing an
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from redlite.core.byte_tokenizer import END, TOOL, USER, VOCAB_SIZE
-from redlite.engine.base import (Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot,
-                                TokenStream, has_end_state, range_of)
+from redlite.core.kmp import prefix_function
+from redlite.engine.base import Engine, EngineError, SamplingParams, StateSnapshot, TokenStream
+from redlite.engine.echo_ranges import EchoRanges
+from redlite.engine.echo_sampling import EchoLogits, EchoSampler, EchoStream
 from redlite.engine.logit_rules import NumpySampler
+
+__all__ = ["EchoEngine", "EchoLogits", "FAIL_MARKER"]
 
 FAIL_MARKER = b"FAIL!"
 
 
-_PREFERRED = {ord('"'): 1.0, ord("}"): 0.9, ord("]"): 0.8}
-
-
-@dataclass(frozen=True)
-class EchoLogits:
-    """The echo engine's "logits": the one token it predicts next (see :meth:`scores`)."""
-
-    next_token: int
-    rest: bytes = b""  # the source bytes not echoed yet (a hint for constrained answers)
-    vocab_size: int = VOCAB_SIZE
-
-    def scores(self) -> np.ndarray:
-        """float32 [vocab_size] logits (see the module docstring)."""
-        x = -np.arange(self.vocab_size, dtype=np.float32) / 1000.0
-        for token, value in _PREFERRED.items():
-            x[token] = value
-        if self.rest:
-            rest = np.frombuffer(self.rest, dtype=np.uint8)
-            x[rest] = 2.0 - rest.astype(np.float32) / 1000.0
-        x[END] = 5.0
-        x[self.next_token] = 10.0
-        return x
-
-
-class _EchoSampler(NumpySampler):
-    def sample(self, logits: EchoLogits) -> int:
-        if not self.params.adjusts_logits and self.constraint is None and self.params.logprobs is None:
-            return logits.next_token
-        return super().sample(logits.scores())
-
-
-class _EchoStream(TokenStream):
-    """The echo engine's token stream (``EchoEngine(pipelined=True)``): feeds run the decode
-    at once, like a device that is always done; undo pops the fed token."""
-
-    def __init__(self, engine: "EchoEngine", logits: EchoLogits):
-        self.engine = engine
-        self._unread = collections.deque([logits.next_token])
-        self._newest = logits.next_token
-        self._undo: int | None = None  # the answer position before the last feed
-
-    def feed(self) -> None:
-        before = self.engine._generated
-        logits = self.engine.decode(self._newest)
-        self._undo = before
-        self._newest = logits.next_token
-        self._unread.append(self._newest)
-        self.engine.fed_ahead += 1
-
-    def read(self) -> int:
-        return self._unread.popleft()
-
-    def undo(self) -> None:
-        if self._undo is None:
-            raise EngineError("nothing fed to undo")
-        self.engine._held.pop()
-        self.engine._generated, self._undo = self._undo, None
-        self.engine.undone += 1
-
-
-class EchoEngine(Engine):
+class EchoEngine(EchoRanges, Engine):
     """See module docstring. max_context: tokens the simulated state can hold. pipelined:
     plain requests decode through a :class:`TokenStream` (one token ahead, undone at a stop)."""
 
@@ -216,7 +158,7 @@ class EchoEngine(Engine):
         ``matched`` for the answer (the Knuth-Morris-Pratt automaton over the source)."""
         source = self._source
         if self._failure_of != source:
-            self._failure = _failure_table(source)
+            self._failure = prefix_function(source)
             self._failure_of = source
         if matched == len(source) and matched:
             matched = self._failure[matched - 1]
@@ -242,12 +184,12 @@ class EchoEngine(Engine):
 
     def make_sampler(self, params: SamplingParams, prompt_ids: Sequence[int] = (),
                      constraint=None) -> NumpySampler:
-        return _EchoSampler(params, prompt_ids, constraint)
+        return EchoSampler(params, prompt_ids, constraint)
 
     def token_stream(self, params: SamplingParams, logits: EchoLogits) -> TokenStream | None:
         if not self.pipelined or params.needs_host:
             return None
-        return _EchoStream(self, logits)
+        return EchoStream(self, logits)
 
     def snapshot(self) -> StateSnapshot:
         if self.snapshot_delay_ms:
@@ -267,102 +209,5 @@ class EchoEngine(Engine):
     def state_nbytes(self) -> int:
         return 8 * self.n_past
 
-    # --- token ranges: ``{"held": int64 [stop - start]}``; the end state is the source ------
-
-    def range_nbytes(self, start: int, stop: int | None = None) -> int:
-        stop = self.n_past if stop is None else stop
-        return 8 * (stop - start)
-
-    def snapshot_range(self, start: int, stop: int | None = None,
-                       on_device: bool = False) -> StateSnapshot:
-        stop = self.n_past if stop is None else int(stop)
-        if not 0 <= start <= stop <= self.n_past:
-            raise EngineError(f"range [{start}, {stop}) of {self.n_past} held tokens")
-        if self.snapshot_delay_ms:
-            time.sleep(self.snapshot_delay_ms * (stop - start) / max(1, self.n_past) / 1000.0)
-        meta = {"range": [int(start), stop], "end_state": stop == self.n_past}
-        if meta["end_state"]:
-            meta.update(source=self._source.hex(), generated=self._generated)
-        return StateSnapshot(stop, {"held": np.asarray(self._held[start:stop], dtype=np.int64)},
-                             meta, tensor_format="numpy")
-
-    def restore_range(self, snapshot: StateSnapshot) -> None:
-        start, stop = range_of(snapshot)
-        held = snapshot.tensors["held"]
-        if start > self.n_past or len(held) != stop - start or stop > self.max_context:
-            raise EngineError(f"range [{start}, {stop}) does not fit {self.n_past} held tokens")
-        del self._held[start:]
-        self._held.extend(int(t) for t in held)
-        if has_end_state(snapshot):
-            self._source = bytes.fromhex(snapshot.meta.get("source", ""))
-            self._generated = int(snapshot.meta.get("generated", 0))
-
-    def slice_range(self, snapshot: StateSnapshot, start: int, stop: int) -> StateSnapshot:
-        first, last = range_of(snapshot)
-        if not first <= start <= stop <= last:
-            raise EngineError(f"[{start}, {stop}) is not inside [{first}, {last})")
-        meta = {"range": [start, stop], "end_state": stop == last and has_end_state(snapshot)}
-        if meta["end_state"]:
-            meta.update(source=snapshot.meta.get("source", ""), generated=snapshot.meta.get("generated", 0))
-        held = snapshot.tensors["held"][start - first:stop - first]
-        return StateSnapshot(stop, {"held": held}, meta, tensor_format="numpy")
-
-    def join_ranges(self, pieces, on_device: bool = False) -> StateSnapshot:
-        extents = [range_of(p) for p in pieces]
-        if not extents or any(a[1] != b[0] for a, b in zip(extents, extents[1:])):
-            raise EngineError(f"ranges {extents} are not adjacent")
-        start, stop = extents[0][0], extents[-1][1]
-        last = pieces[-1]
-        meta = {"range": [start, stop], "end_state": has_end_state(last)}
-        if meta["end_state"]:
-            meta.update(source=last.meta.get("source", ""), generated=last.meta.get("generated", 0))
-        held = np.concatenate([np.asarray(p.tensors["held"], dtype=np.int64) for p in pieces])
-        return StateSnapshot(stop, {"held": held}, meta, tensor_format="numpy")
-
-    def take_checkpoint(self, logits: EchoLogits, turn_boundary: bool = False) -> Checkpoint | None:
-        if self.can_rewind:
-            return None
-        data = (self._source, self._generated)
-        return Checkpoint(self.n_past, logits, data, nbytes=64 + len(self._source),
-                          turn_boundary=turn_boundary)
-
-    def restore_checkpoint(self, checkpoint: Checkpoint) -> EchoLogits:
-        if checkpoint.position > self.n_past:
-            raise EngineError(f"checkpoint at {checkpoint.position} is past the held {self.n_past} tokens")
-        del self._held[checkpoint.position:]
-        self._source, self._generated = checkpoint.data
-        return checkpoint.logits
-
-    def checkpoint_to_tensors(self, checkpoint: Checkpoint) -> tuple[dict, dict]:
-        """``({"logits": int64 [1]}, {"source": hex, "generated": int})``."""
-        source, generated = checkpoint.data
-        logits = np.asarray([checkpoint.logits.next_token], dtype=np.int64)
-        return {"logits": logits}, {"source": source.hex(), "generated": int(generated)}
-
-    def checkpoint_from_tensors(self, position: int, tensors: dict, meta: dict,
-                                turn_boundary: bool = False) -> Checkpoint:
-        try:
-            source = bytes.fromhex(meta["source"])
-            data = (source, int(meta["generated"]))
-            logits = EchoLogits(int(np.asarray(tensors["logits"]).reshape(-1)[0]), b"", self.vocab_size)
-        except (KeyError, ValueError, TypeError, IndexError) as error:
-            raise EngineError(f"bad echo checkpoint: {error}") from None
-        return Checkpoint(int(position), logits, data, nbytes=64 + len(source),
-                          turn_boundary=turn_boundary)
-
     def fingerprint(self) -> str:
         return f"echo-v1-rewind{int(self.can_rewind)}"
-
-
-def _failure_table(pattern: bytes) -> list[int]:
-    """KMP failure function: entry i is the length of the longest proper border of
-    ``pattern[:i + 1]``."""
-    table = [0] * len(pattern)
-    k = 0
-    for i in range(1, len(pattern)):
-        while k and pattern[i] != pattern[k]:
-            k = table[k - 1]
-        if pattern[i] == pattern[k]:
-            k += 1
-        table[i] = k
-    return table

@@ -9,18 +9,19 @@ from typing import Any, Sequence
 
 import torch
 
-from redlite.engine.base import (Checkpoint, Engine, EngineError, SamplingParams, StateSnapshot,
-                                TokenStream, has_end_state, range_of)
+from redlite.engine.base import Engine, EngineError, SamplingParams, StateSnapshot, TokenStream
 from redlite.engine.fingerprint import weights_fingerprint
 from redlite.engine.kernel_options import KernelOptions
 from redlite.engine.sampling import TorchSampler
+from redlite.engine.torch_checkpoints import TorchCheckpoints
+from redlite.engine.torch_ranges import TorchRanges
 
 CPU_MAX_CONTEXT = 8192
 
 log = logging.getLogger("redlite.engine")
 
 
-class TorchEngine(Engine):
+class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
     """Serves one sequence of ``model`` (a ``CausalLM``) on ``device`` in ``dtype``.
 
     ``ctx_size``: capacity in tokens (default: the model's ``max_position_embeddings``,
@@ -41,6 +42,9 @@ class TorchEngine(Engine):
     :mod:`redlite.engine.slot_pool`): every slot shares ``model`` and owns a whole state of
     ``ctx_size`` tokens, so ``--ctx-size`` is the context of each conversation (not split by
     ``--parallel`` as llama.cpp does) and the KV memory of N slots is N times one's.
+
+    Token ranges: :class:`~redlite.engine.torch_ranges.TorchRanges`; checkpoints:
+    :class:`~redlite.engine.torch_checkpoints.TorchCheckpoints`.
     """
 
     def __init__(self, model, *, model_id: str = "model", ctx_size: int | None = None,
@@ -256,145 +260,6 @@ class TorchEngine(Engine):
             return None
         return self.state.load_targets(int(n_past))
 
-    # --- token ranges (see Engine.snapshot_range): ``"kv"`` ``[layers, 2, Hkv, stop - start, D]``
-    # of the state's KV cache, plus the recurrent tensors (``export_recurrent`` names) at the end.
-
-    def _recurrent(self, device) -> dict[str, torch.Tensor]:
-        export = getattr(self.state, "export_recurrent", None)
-        return dict(export(device)) if export is not None else {}
-
-    def range_nbytes(self, start: int, stop: int | None = None) -> int:
-        stop = self.n_past if stop is None else int(stop)
-        recurrent = getattr(self.state, "recurrent_nbytes", None)
-        end = recurrent() if recurrent is not None and stop == self.n_past else 0
-        return int(self.state.cache.nbytes(stop - start)) + int(end)
-
-    def _meta(self, start: int, stop: int, end_state: bool) -> dict:
-        # no fingerprint: hashing the weights would cost the first fork seconds on a big model;
-        # ranges stay in this process (files carry the store's fingerprint)
-        return {"dtype": str(self.dtype).removeprefix("torch."),
-                "layout": type(self.state).__name__, "range": [int(start), int(stop)],
-                "end_state": bool(end_state)}
-
-    def snapshot_range(self, start: int, stop: int | None = None,
-                       on_device: bool = False) -> StateSnapshot:
-        n = self.n_past
-        stop = n if stop is None else int(stop)
-        if not 0 <= start <= stop <= n:
-            raise EngineError(f"range [{start}, {stop}) of {n} held tokens")
-        target = self.device if on_device else torch.device("cpu")
-        with torch.no_grad():
-            part = self.state.cache.data[:, :, :, start:stop]
-            if target == self.device:
-                kv = part.clone(memory_format=torch.contiguous_format)
-            else:
-                kv = part.contiguous().to(target)
-            tensors = {"kv": kv}
-            if stop == n:
-                tensors.update(self._recurrent(target))
-        return StateSnapshot(stop, tensors, self._meta(start, stop, stop == n), tensor_format="torch")
-
-    def restore_range(self, snapshot: StateSnapshot) -> None:
-        start, stop = range_of(snapshot)
-        found = snapshot.meta.get("fingerprint")
-        if found is not None and found != self.fingerprint():
-            raise EngineError("range was taken from another model")
-        if not 0 <= start <= self.n_past or stop > self.max_context:
-            raise EngineError(f"range [{start}, {stop}) does not fit {self.n_past} held tokens")
-        data = self.state.cache.data
-        kv = snapshot.tensors.get("kv")
-        expected = tuple(data.shape[:3]) + (stop - start,) + tuple(data.shape[4:])
-        if kv is None or tuple(kv.shape) != expected:
-            raise EngineError(f"range KV shape {None if kv is None else tuple(kv.shape)} != {expected}")
-        recurrent = {name: t for name, t in snapshot.tensors.items() if name != "kv"}
-        with torch.inference_mode():
-            data[:, :, :, start:stop].copy_(kv)
-            self.state.n_past = int(stop)  # the KV rows [0, stop) are valid now
-            if has_end_state(snapshot) and hasattr(self.state, "import_recurrent"):
-                self.state.import_recurrent(recurrent, int(stop))
-
-    def slice_range(self, snapshot: StateSnapshot, start: int, stop: int) -> StateSnapshot:
-        first, last = range_of(snapshot)
-        if not first <= start <= stop <= last:
-            raise EngineError(f"[{start}, {stop}) is not inside [{first}, {last})")
-        end = stop == last and has_end_state(snapshot)
-        tensors = {"kv": snapshot.tensors["kv"][:, :, :, start - first:stop - first]}
-        if end:
-            tensors.update((k, v) for k, v in snapshot.tensors.items() if k != "kv")
-        return StateSnapshot(stop, tensors, self._meta(start, stop, end), tensor_format="torch")
-
-    def join_ranges(self, pieces, on_device: bool = False) -> StateSnapshot:
-        extents = [range_of(p) for p in pieces]
-        if not extents or any(a[1] != b[0] for a, b in zip(extents, extents[1:])):
-            raise EngineError(f"ranges {extents} are not adjacent")
-        target = self.device if on_device else torch.device("cpu")
-        last = pieces[-1]
-        with torch.no_grad():
-            kv = torch.cat([p.tensors["kv"].to(target) for p in pieces], dim=3)
-            tensors = {"kv": kv}
-            if has_end_state(last):  # one storage per name (safetensors refuses shared ones)
-                tensors.update((k, v.to(target, copy=True).contiguous())
-                               for k, v in last.tensors.items() if k != "kv")
-        start, stop = extents[0][0], extents[-1][1]
-        return StateSnapshot(stop, tensors, self._meta(start, stop, has_end_state(last)),
-                             tensor_format="torch")
-
-    # --- checkpoints: states with recurrent parts (``can_truncate`` False) --------------------
-    # Such a state provides ``export_recurrent(device) -> dict[str, Tensor]`` (the recurrent
-    # part at ``n_past``) and ``import_recurrent(tensors, position)`` (roll back to
-    # ``position``: recurrent part copied in, KV caches cut), as ``Qwen3_5State`` does.
-
-    def take_checkpoint(self, logits: torch.Tensor, turn_boundary: bool = False) -> Checkpoint | None:
-        """Checkpoint at ``n_past`` holding device copies of the recurrent state and of
-        ``logits`` ([vocab] float32). None for rewindable states (they need none)."""
-        if self.can_rewind:
-            return None
-        with torch.no_grad():
-            data = self.state.export_recurrent()
-            logits = logits.clone()
-        nbytes = sum(_nbytes(t) for t in data.values()) + _nbytes(logits)
-        return Checkpoint(position=self.n_past, logits=logits, data=data, nbytes=nbytes,
-                          turn_boundary=turn_boundary)
-
-    def restore_checkpoint(self, checkpoint: Checkpoint) -> torch.Tensor:
-        """Roll back to ``checkpoint.position``; return its logits ([vocab] float32).
-        Raises ``EngineError`` when the position is past ``n_past`` or the state has no
-        recurrent part."""
-        if checkpoint.position > self.n_past:
-            raise EngineError(f"checkpoint at {checkpoint.position} is past the {self.n_past} held tokens")
-        if not hasattr(self.state, "import_recurrent"):
-            raise EngineError(f"{type(self.state).__name__} has no checkpoints")
-        with torch.inference_mode():
-            self.state.import_recurrent(checkpoint.data, checkpoint.position)
-        return checkpoint.logits
-
-    def checkpoint_to_tensors(self, checkpoint: Checkpoint) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """``({name: CPU tensor, ..., "logits": [vocab]}, {"fingerprint": ...})``, or None
-        for engines that take no checkpoints."""
-        if self.can_rewind or not isinstance(checkpoint.data, dict):
-            return None
-        with torch.no_grad():
-            tensors = {name: t.contiguous().cpu() for name, t in checkpoint.data.items()}
-            tensors["logits"] = checkpoint.logits.contiguous().cpu()
-        return tensors, {"fingerprint": self.fingerprint()}
-
-    def checkpoint_from_tensors(self, position: int, tensors: dict[str, Any], meta: dict[str, Any],
-                                turn_boundary: bool = False) -> Checkpoint:
-        """Rebuild a checkpoint from :meth:`checkpoint_to_tensors` output. Raises
-        ``EngineError`` for another model's data or an engine that takes no checkpoints."""
-        if self.can_rewind:
-            raise EngineError(f"{type(self.model).__name__} takes no checkpoints")
-        if meta.get("fingerprint") not in (None, self.fingerprint()):
-            raise EngineError("checkpoint was taken from another model")
-        if "logits" not in tensors:
-            raise EngineError("checkpoint tensors lack 'logits'")
-        with torch.no_grad():
-            data = {name: t.to(self.device) for name, t in tensors.items() if name != "logits"}
-            logits = tensors["logits"].to(self.device, torch.float32)
-        nbytes = sum(_nbytes(t) for t in data.values()) + _nbytes(logits)
-        return Checkpoint(position=int(position), logits=logits, data=data, nbytes=nbytes,
-                          turn_boundary=turn_boundary)
-
     def state_nbytes(self) -> int:
         return int(self.state.nbytes())
 
@@ -405,7 +270,3 @@ class TorchEngine(Engine):
             self._shared["fingerprint"] = weights_fingerprint(self.model.config, self.dtype,
                                                               self.model.state_dict().items())
         return self._shared["fingerprint"]
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
