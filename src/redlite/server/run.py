@@ -68,7 +68,7 @@ def save_on_stop(worker: EngineWorker | Scheduler, parking: Conversations, stopp
     saved = parking.save_all(worker.generator, live=idle, should_stop=stopper.immediate.is_set,
                              guard=stopper.writing, residents=worker.generators[1:])
     parking.sessions.close()  # its owner lock: the files it wrote are now adoptable
-    log.info("stop: %d conversations on disk", saved)
+    log.info("stop: %d conversations on disk (written now or already saved unchanged)", saved)
 
 
 def build_engine(args: argparse.Namespace):
