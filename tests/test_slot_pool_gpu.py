@@ -52,3 +52,38 @@ def test_pool_batch_equals_alone_on_gpu(kind, graphs, dtype, tol):
         assert isinstance(built, BatchGraphs) and built.use_graphs and built.captures == 1
     else:
         assert built is None
+
+
+@pytest.mark.parametrize("gated,window", [(False, None), (False, 5), (True, None)])
+def test_batched_attention_kernel_equals_one_sequence_kernel(gated, window):
+    """:func:`batch_decode_attention` of 5 sequences at different positions against the
+    single-sequence kernel on each, with the same key-slice count: outputs and written cache
+    rows bitwise equal."""
+    from redlite.layers import triton_batch_attention as tba
+    from redlite.layers import triton_decode as td
+    from redlite.layers.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    h, kv, d, layers, splits, dev, dt = 8, 2, 64, 3, 4, torch.device("cuda"), torch.bfloat16
+    positions = [0, 7, 40, 129, 3]
+    width = (2 * h + 2 * kv) * d if gated else (h + 2 * kv) * d
+    qkv = torch.randn(len(positions), width, device=dev, dtype=dt)
+    cos, sin = torch.randn(256, 1, d, device=dev, dtype=dt), torch.randn(256, 1, d, device=dev, dtype=dt)
+    norm = torch.randn(d if gated else h + kv, *(() if gated else (d,)), device=dev, dtype=dt)
+    k_norm = torch.randn(d, device=dev, dtype=dt) if gated else None
+    caches = [KVCache(layers, kv, d, 256, dev, dt) for _ in positions]
+    for cache in caches:
+        cache.data.normal_()
+    twins = [KVCache(layers, kv, d, 256, dev, dt) for _ in positions]
+    for twin, cache in zip(twins, caches):
+        twin.data.copy_(cache.data)
+    pos = torch.tensor(positions, device=dev)
+    got = tba.batch_decode_attention(qkv, pos, cos, sin, norm, 1e-6, tba.cache_bases(caches, dev), caches[0], 1,
+                                     h, kv, d, window, splits, gated=gated, k_norm_weight=k_norm)
+    counters = torch.zeros(kv, dtype=torch.int32, device=dev)
+    for b, twin in enumerate(twins):
+        want = td.decode_attention(qkv[b:b + 1], pos[b:b + 1], cos, sin, norm, 1e-6, twin.keys[1], twin.values[1],
+                                   h, kv, d, window, splits, counters, gated=gated, k_norm_weight=k_norm,
+                                   combine_in_kernel=False)
+        assert torch.equal(got[b], want), b
+        assert torch.equal(caches[b].data, twin.data), b

@@ -11,7 +11,9 @@ own thread, in order:
   proxies were made (the same set of slots is the same batch step after step, which an
   engine's CUDA graph per set of slots needs);
 - any other call (a prefill chunk, a sampling step, a snapshot, a rewind) runs as soon as it
-  is posted, between two decode batches: a long prefill, sent chunk by chunk by the
+  is posted, between two decode batches (the calls posted during a batch run before the next
+  one, even when every slot has already posted its next decode, as token streams do:
+  :mod:`redlite.core.executor_stream`): a long prefill, sent chunk by chunk by the
   generator (``--prefill-chunk``), holds the others' next token back by at most one chunk.
   After a call, the same thread's next call (posted within :data:`STICKY_S`) goes before the
   next batch, unless both are prefill chunks: a request's start (choosing its conversation,
@@ -28,8 +30,8 @@ Once :meth:`EngineExecutor.close` has ended the thread, calls run on the caller'
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -41,6 +43,7 @@ log = logging.getLogger("redlite.executor")
 
 BATCH_WAIT_S = 0.05  # the longest a posted decode waits for the other decoding slots
 STICKY_S = 0.002  # after a call, how long its thread's next call has priority
+SWITCH_INTERVAL_S = 0.0005  # the interpreter's thread switch interval while an executor runs
 
 
 class EngineExecutor:
@@ -60,8 +63,12 @@ class EngineExecutor:
         self._first_decode = 0.0
         self._decoding: set[SlotProxy] = set()
         self._closing = False
+        self._owed = 0  # calls to run before the next batch
         self.batches = 0
         self.batched_tokens = 0
+        # the lanes' Python runs while a batch is on the device: let this thread take the
+        # interpreter back soon after each device wait, not after the default 5 ms
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._loop, name="engine-executor", daemon=True)
         self._thread.start()
 
@@ -95,12 +102,44 @@ class EngineExecutor:
             self._cond.notify_all()
         return future.result()
 
+    @property
+    def lock(self) -> threading.Condition:
+        """The lock of the posted calls and decodes (for :mod:`redlite.core.executor_stream`)."""
+        return self._cond
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def post_locked(self, proxy: "SlotProxy", token_id: int, future: Future) -> None:
+        """Like :meth:`decode` without waiting: ``future`` gets the logits (the proxy samples
+        them on this thread first). The caller holds :attr:`lock`."""
+        if not self._decodes:
+            self._first_decode = time.monotonic()
+        self._decodes[proxy] = (int(token_id), future)
+        self._decoding.add(proxy)
+        self._cond.notify_all()
+
+    def withdraw_locked(self, proxy: "SlotProxy") -> bool:
+        """Take ``proxy``'s posted decode back if no batch has taken it yet (True), and stop
+        waiting for the slot. The caller holds :attr:`lock`."""
+        self._decoding.discard(proxy)
+        self._cond.notify_all()
+        return self._decodes.pop(proxy, None) is not None
+
     def rest(self, proxy: "SlotProxy") -> None:
         """``proxy``'s slot posts no more decodes for now (its generation ended): batches do not
-        wait for it."""
+        wait for it. A decode it posted ahead that still has to run (its token is held) runs
+        first: this returns once it has."""
         with self._cond:
             self._decoding.discard(proxy)
+            pending = self._decodes.get(proxy)
             self._cond.notify_all()
+        if pending is not None and self._thread.is_alive():
+            try:
+                pending[1].result()
+            except BaseException:  # noqa: BLE001 - the lane has heard of it (or will not care)
+                pass
 
     def close(self, wait_s: float = 4.0) -> bool:
         """Run what was posted, end the thread (later calls run on the caller's thread); True
@@ -147,6 +186,10 @@ class EngineExecutor:
                         if self._sticky is not None:
                             self._cond.wait(self._sticky[1] - now)
                             continue
+                    if self._owed and self._calls:  # calls posted during the last batch go first
+                        self._owed -= 1
+                        batch, call = None, self._calls.popleft()
+                        break
                     if self._batch_ready(now):
                         batch, self._decodes = self._decodes, {}
                         call = None
@@ -162,6 +205,8 @@ class EngineExecutor:
                     self._cond.wait(timeout)
             if batch is not None:
                 self._run_batch(batch)
+                with self._cond:  # a slot's stream posts its next decode at once: no starving
+                    self._owed = len(self._calls)
                 continue
             fn, future, owner, prefill = call
             _settle(future, fn)
@@ -190,8 +235,18 @@ class EngineExecutor:
             for future in futures:
                 future.set_exception(error)
             return
-        for proxy, future, result in zip(proxies, futures, results):
-            proxy.presample(result)
+        greedy = [i for i, proxy in enumerate(proxies) if proxy.stream is not None and proxy.stream.greedy]
+        picked: dict[int, int] = {}
+        if len(greedy) > 1:  # one read back for all of them, not one per slot
+            try:
+                picked = dict(zip(greedy, self.pool.greedy_batch([results[i] for i in greedy])))
+            except Exception:  # noqa: BLE001 - each stream samples its own row instead
+                log.exception("batched greedy pick failed")
+        for index, (proxy, future, result) in enumerate(zip(proxies, futures, results)):
+            if index in picked:
+                proxy.stream.on_token(picked[index])
+            else:
+                proxy.presample(result)
             future.set_result(result)
 
 
@@ -202,93 +257,4 @@ def _settle(future: Future, fn: Callable[[], Any]) -> None:
         future.set_exception(error)
 
 
-_MADE = itertools.count()
-
-
-class _RemoteSampler(Sampler):
-    """A slot's sampler, made and run on the executor thread (made in the step of the first
-    token): after a decode batch, right
-    away (:meth:`SlotProxy.presample`; its token is handed over when the generator asks for
-    it, one thread switch per token), else (the first token, after a prefill) on request."""
-
-    def __init__(self, executor: EngineExecutor, make: Callable[[], Sampler]) -> None:
-        self._executor, self._make = executor, make
-        self._sampler: Sampler | None = None  # made with the first token (in the same step)
-        self.ahead: tuple[Any, int | None, BaseException | None] | None = None
-
-    @property
-    def last_logprob(self):  # type: ignore[override]
-        return self._sampler.last_logprob if self._sampler is not None else None
-
-    def _sample(self, logits: Any) -> int:
-        if self._sampler is None:
-            self._sampler = self._make()
-        return self._sampler.sample(logits)
-
-    def sample_now(self, logits: Any) -> None:
-        """On the executor thread: sample ``logits`` and keep the token for :meth:`sample`."""
-        try:
-            self.ahead = (logits, self._sample(logits), None)
-        except Exception as error:  # noqa: BLE001 - raised where the generator asks
-            self.ahead = (logits, None, error)
-
-    def sample(self, logits: Any) -> int:
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None and ahead[0] is logits:
-            if ahead[2] is not None:
-                raise ahead[2]
-            return ahead[1]
-        return self._executor.call(self._sample, logits)
-
-
-class SlotProxy:
-    """One slot of the pool as its generator sees it: the :class:`~redlite.engine.base.Engine`
-    interface of ``target``, every call run on ``executor``'s thread (decodes in batches),
-    attributes read directly. No token streams: tokens are sampled per sequence on the host
-    (the same seed and request give the same output whatever else runs)."""
-
-    def __init__(self, target: Engine, executor: EngineExecutor) -> None:
-        self.target = target
-        self.executor = executor
-        self.order = next(_MADE)  # batches list their slots by this
-        self.sampler: _RemoteSampler | None = None  # the running request's, sampled after decodes
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self.target, name)
-        if not callable(value):
-            return value
-        executor = self.executor
-
-        def forwarded(*args: Any, **kwargs: Any) -> Any:
-            return executor.call(value, *args, **kwargs)
-
-        return forwarded
-
-    @property
-    def n_past(self) -> int:
-        return self.target.n_past
-
-    def decode(self, token_id: int) -> Any:
-        return self.executor.decode(self, token_id)
-
-    def token_stream(self, params: Any, logits: Any) -> None:
-        return None
-
-    def make_sampler(self, params: Any, prompt_ids: Any = (), constraint: Any = None) -> Sampler:
-        target = self.target
-        self.sampler = _RemoteSampler(self.executor,
-                                      lambda: target.make_sampler(params, prompt_ids, constraint))
-        return self.sampler
-
-    def presample(self, logits: Any) -> Any:
-        """On the executor thread, after this slot's decode: sample its next token now (the
-        generator samples every decode's logits exactly once, and the sampler is the
-        request's alone). Returns ``logits``."""
-        if self.sampler is not None:
-            self.sampler.sample_now(logits)
-        return logits
-
-    def rest(self) -> None:
-        """This slot's generation has ended (see :meth:`EngineExecutor.rest`)."""
-        self.sampler = None
-        self.executor.rest(self)
+from redlite.core.slot_proxy import SlotProxy  # noqa: E402,F401 - the executor's public pair

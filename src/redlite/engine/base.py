@@ -104,6 +104,13 @@ class Engine(ABC):
         prompt_ids: the request's prompt (``repetition_penalty`` counts it). constraint: a
         :class:`redlite.core.grammar.GrammarMatcher` for ``params.constraint``, or None."""
 
+    def greedy_batch(self, rows: Sequence[Any]) -> list[int]:
+        """The greedy token of each of ``rows`` (logits as :meth:`decode` returns them): what a
+        greedy sampler of :meth:`make_sampler` picks for each. Engines on a device override it
+        to read all the ids back at once."""
+        sampler = self.make_sampler(SamplingParams(temperature=0.0))
+        return [int(sampler.sample(row)) for row in rows]
+
     def token_stream(self, params: SamplingParams, logits: Any) -> TokenStream | None:
         """A :class:`TokenStream` sampling with ``params`` from ``logits`` (the logits at
         ``n_past``), or None when this engine cannot sample those params itself (a logit

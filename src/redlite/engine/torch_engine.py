@@ -157,6 +157,14 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
 
         return decode_batch(self, slots, token_ids)
 
+    def greedy_batch(self, rows: Sequence[torch.Tensor]) -> list[int]:
+        """One argmax over the stacked rows and one read back (the first index of the largest
+        value, as the greedy sampler picks)."""
+        if len(rows) < 2:
+            return super().greedy_batch(rows)
+        with torch.inference_mode():
+            return torch.stack(list(rows)).argmax(dim=-1).tolist()
+
     def graph_decoder(self):
         """The :class:`~redlite.engine.cuda_graphs.GraphDecoder` (built on first use), or None
         when this engine decodes eagerly (or its decoder failed to build: logged, eager from

@@ -120,6 +120,25 @@ class TorchDecodeOps:
         q = self.qk_rope_store(qkv, pos, cos, sin, norm_weight, eps, keys, values, n_heads, n_kv_heads, head_dim)
         return self.attention(q, keys, values, pos, span, window)
 
+    def batch_rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          norm_weight: torch.Tensor | None, eps: float, caches, layer: int, n_heads: int,
+                          n_kv_heads: int, head_dim: int, span: int, window: int | None,
+                          gated: bool = False, k_norm: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`rope_attend` (``gated``: :meth:`gated_rope_attend` with ``norm_weight`` the
+        q norm and ``k_norm``) of B sequences: row b of ``qkv`` [B, width] at ``pos[b]``
+        (LongTensor [B]) into ``caches[b]`` (:class:`~redlite.layers.kv_cache.KVCache`),
+        cache layer ``layer``. Returns [B, H * D]. Here: one sequence at a time."""
+        rows = []
+        for b, cache in enumerate(caches):
+            keys, values = cache.keys[layer], cache.values[layer]
+            if gated:
+                rows.append(self.gated_rope_attend(qkv[b:b + 1], pos[b:b + 1], cos, sin, norm_weight, k_norm, eps,
+                                                   keys, values, n_heads, n_kv_heads, head_dim, span))
+            else:
+                rows.append(self.rope_attend(qkv[b:b + 1], pos[b:b + 1], cos, sin, norm_weight, eps, keys, values,
+                                             n_heads, n_kv_heads, head_dim, span, window).reshape(1, -1))
+        return torch.cat(rows)
+
     def silu_mul(self, gate_up: torch.Tensor, inter: int) -> torch.Tensor:
         """``silu(gate) * up`` of ``gate_up`` [T, 2 * inter] (gate first) -> new [T, inter]."""
         gate, up = gate_up.split(inter, dim=-1)
@@ -195,6 +214,7 @@ class TritonDecodeOps(TorchDecodeOps):
         self.n_splits = triton_decode.default_splits(torch.device(device), n_kv_heads, head_dim)
         # finished-slice counts of the attention kernel, one per KV head (it resets them)
         self.counters = torch.zeros(n_kv_heads, dtype=torch.int32, device=device)
+        self._bases: dict = {}  # cache-address tables of the batched attention, by addresses
         self.fused_gemv = bool(fused_gemv)
         if pdl is None:
             pdl = self.DEFAULT_PDL if triton_gemv.pdl_supported(device) else 0
@@ -235,6 +255,19 @@ class TritonDecodeOps(TorchDecodeOps):
         return self.kernels.decode_attention(qkv, pos, cos, sin, norm_weight, eps, keys, values, n_heads,
                                              n_kv_heads, head_dim, window, self.n_splits, self.counters,
                                              pdl=self.pdl_attention)
+
+    def batch_rope_attend(self, qkv, pos, cos, sin, norm_weight, eps, caches, layer, n_heads, n_kv_heads,
+                          head_dim, span, window, gated=False, k_norm=None):
+        # one launch for all B sequences (the key-slice count spread over them)
+        from redlite.layers import triton_batch_attention as tba
+
+        batch = qkv.shape[0]
+        bases = tba.cache_bases(caches, qkv.device, self._bases)
+        splits = tba.batch_splits(qkv.device, n_kv_heads, batch, head_dim)
+        out = tba.batch_decode_attention(qkv.contiguous(), pos, cos, sin, norm_weight, eps, bases, caches[0], layer,
+                                         n_heads, n_kv_heads, head_dim, window, splits, gated=gated,
+                                         k_norm_weight=k_norm)
+        return out.view(batch, -1)
 
     def silu_mul(self, gate_up, inter):
         return self.kernels.silu_mul(gate_up, inter, pdl=self.pdl)

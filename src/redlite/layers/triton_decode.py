@@ -94,13 +94,26 @@ def _decode_attention_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, knw_ptr
                              HAS_NORM: tl.constexpr, IEEE: tl.constexpr, BLOCK_S: tl.constexpr,
                              PDL: tl.constexpr, GATED: tl.constexpr = False, ZC: tl.constexpr = False,
                              NW_ROWS: tl.constexpr = 1, QS: tl.constexpr = 0, DC: tl.constexpr = 64,
-                             COMBINE: tl.constexpr = True):
+                             COMBINE: tl.constexpr = True, base_ptr=None, layer_off=0, v_off=0, row_stride=0,
+                             BATCHED: tl.constexpr = False):
     # GATED (Qwen3.5): each query head's D features are followed by D gate features, and the
     # output is multiplied by sigmoid(gate). NW_ROWS 1: one norm row per head (q rows in
     # nw_ptr, k rows in knw_ptr); 0: one row shared by the q heads and one by the k heads.
     # QS: distance between query heads in qkv (D, or 2 D when GATED).
+    # BATCHED: program_id(2) is a sequence b with its own qkv row, position, outputs and cache
+    # (keys at base_ptr[b] + layer_off elements, values v_off further).
     kvh = tl.program_id(0)
     split = tl.program_id(1)
+    if BATCHED:
+        b = tl.program_id(2)
+        qkv_ptr += b * row_stride
+        pos_ptr += b
+        k_ptr = tl.load(base_ptr + b).to(tl.pointer_type(k_ptr.dtype.element_ty)) + layer_off
+        v_ptr = k_ptr + v_off
+        o_ptr += b * n_splits * H * D
+        lse_ptr += b * n_splits * H
+        count_ptr += b * KV
+        out_ptr += b * H * D
     pdl_sync(PDL)
     dt = out_ptr.dtype.element_ty
     pos = tl.load(pos_ptr)
@@ -191,8 +204,15 @@ def _combine_head(o_ptr, lse_ptr, qkv_ptr, out_ptr, head, d0, active, H: tl.cons
 @triton.jit
 def _combine_kernel(o_ptr, lse_ptr, qkv_ptr, pos_ptr, out_ptr, window, n_splits, H: tl.constexpr,
                     D: tl.constexpr, QS: tl.constexpr, GATED: tl.constexpr, BLOCK_S: tl.constexpr,
-                    DC: tl.constexpr, BLOCK_N: tl.constexpr):
-    # the split combine as its own launch: one program per (query head, DC features)
+                    DC: tl.constexpr, BLOCK_N: tl.constexpr, row_stride=0, BATCHED: tl.constexpr = False):
+    # the split combine as its own launch: one program per (query head, DC features[, sequence])
+    if BATCHED:
+        b = tl.program_id(2)
+        o_ptr += b * n_splits * H * D
+        lse_ptr += b * n_splits * H
+        qkv_ptr += b * row_stride
+        pos_ptr += b
+        out_ptr += b * H * D
     n = tl.load(pos_ptr) + 1
     first = tl.maximum(n - window, 0)
     per = tl.cdiv(tl.cdiv(n - first, n_splits), BLOCK_N) * BLOCK_N

@@ -41,17 +41,19 @@ def batch_decode_step(model, tokens: torch.Tensor, pos: torch.Tensor, states: Se
 def _llama_step(model, tokens, pos, states, span, ops) -> torch.Tensor:
     x = embedding(tokens, model.embed_weight)  # [B, hidden], updated in place
     cos, sin = model.rotary.get(0, states[0].max_tokens, x.device, x.dtype)
-    n = x.shape[0]
-    for i, layer in enumerate(model.layers):
-        attn, norm = layer.attn, layer.input_norm
-        qkv = batch_linear(attn.linear, rms_norm(x, norm.weight, norm.eps), attn.qkv_weight, attn.qkv_bias)
-        out = torch.cat([attn.decode_attend(qkv[b:b + 1], pos[b:b + 1], cos, sin, state.cache.keys[i],
-                                            state.cache.values[i], span, ops)
-                         for b, state in enumerate(states)]).view(n, -1)
-        x.add_(batch_linear(attn.linear, out, attn.o_weight, attn.o_bias))
-        x.add_(swiglu_batch(layer.mlp, rms_norm(x, layer.post_norm.weight, layer.post_norm.eps)))
-    x = rms_norm(x, model.norm.weight, model.norm.eps)
-    return batch_linear(model.linear, x, model.lm_head_weight, None).float()
+    caches = [state.cache for state in states]
+    layers = model.layers
+    h = ops.rms_norm(x, layers[0].input_norm.weight, layers[0].input_norm.eps)
+    for i, layer in enumerate(layers):
+        attn, mlp, post = layer.attn, layer.mlp, layer.post_norm
+        qkv = batch_linear(attn.linear, h, attn.qkv_weight, attn.qkv_bias)
+        out = ops.batch_rope_attend(qkv, pos, cos, sin, attn.qk_norm_weight, attn.norm_eps, caches, i, attn.n_heads,
+                                    attn.n_kv_heads, attn.head_dim, span, attn.window)
+        h = ops.add_rms_norm(x, batch_linear(attn.linear, out, attn.o_weight, attn.o_bias), post.weight, post.eps)
+        act = ops.silu_mul(batch_linear(mlp.linear, h, mlp.gate_up_weight, mlp.gate_up_bias), mlp.inter)
+        norm = layers[i + 1].input_norm if i + 1 < len(layers) else model.norm
+        h = ops.add_rms_norm(x, batch_linear(mlp.linear, act, mlp.down_weight, mlp.down_bias), norm.weight, norm.eps)
+    return batch_linear(model.linear, h, model.lm_head_weight, None).float()
 
 
 def _qwen3_5_step(model, tokens, pos, states, span, ops) -> torch.Tensor:
@@ -70,12 +72,10 @@ def _qwen3_5_step(model, tokens, pos, states, span, ops) -> torch.Tensor:
         else:
             attn = layer.self_attn
             qkv = batch_linear(attn.linear, h, attn.qkv_weight, attn.qkv_bias)
-            slot = states[0].kv_slot[i]
-            out = torch.cat([ops.gated_rope_attend(qkv[b:b + 1], pos[b:b + 1], cos, sin, attn.q_norm_weight,
-                                                   attn.k_norm_weight, attn.eps, state.cache.keys[slot],
-                                                   state.cache.values[slot], attn.n_heads, attn.n_kv_heads,
-                                                   attn.head_dim, span)
-                             for b, state in enumerate(states)]).view(n, -1)
+            out = ops.batch_rope_attend(qkv, pos, cos, sin, attn.q_norm_weight, attn.eps,
+                                        [state.cache for state in states], states[0].kv_slot[i], attn.n_heads,
+                                        attn.n_kv_heads, attn.head_dim, span, None, gated=True,
+                                        k_norm=attn.k_norm_weight)
             x.add_(batch_linear(attn.linear, out, attn.o_weight, attn.o_bias))
         post, mlp = layer.post_attention_layernorm, layer.mlp
         if layer.moe:
