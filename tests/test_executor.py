@@ -102,3 +102,54 @@ def test_a_batch_lists_its_slots_in_the_order_they_were_made():
         assert seen == [[0, 1, 2]] * 3
     finally:
         executor.close()
+
+
+def test_token_stream_feeds_ahead_and_undo_leaves_the_slot_as_before():
+    """A slot's executor token stream: each feed's decode runs in a batch without the lane
+    waiting for it; :meth:`undo` withdraws a feed that has not run (nothing changed) and
+    rewinds one that has; ``n_past`` as the generator sees it counts the posted feeds."""
+    from redlite.engine.base import SamplingParams
+
+    pool = EchoEngine(max_context=64)
+    executor = EngineExecutor(pool, batch_wait_s=5.0)
+    try:
+        proxy = SlotProxy(pool, executor)
+        logits = proxy.prefill([1, 2, 3])
+        stream = proxy.token_stream(SamplingParams(temperature=0.0), logits)
+        first = stream.read()  # sampled from the prefill's logits, not fed
+        assert proxy.n_past == 3
+        tokens = [first]
+        for _ in range(3):  # the token loop: feed the token about to be read, then read it
+            stream.feed()
+            tokens.append(stream.read())
+        assert proxy.n_past == 6
+        stream.undo()  # the last fed token ends the answer: take it back
+        assert proxy.n_past == 5 and pool.n_past == 5
+        assert pool.held_ids == [1, 2, 3] + tokens[:2]
+        proxy.rest()
+        assert proxy.n_past == pool.n_past == 5
+    finally:
+        executor.close()
+
+
+def test_token_stream_undo_of_a_feed_not_run_yet_withdraws_it():
+    from redlite.engine.base import SamplingParams
+
+    pool = EchoEngine(max_context=64)
+    other = pool.new_slot()
+    executor = EngineExecutor(pool, batch_wait_s=30.0)
+    try:
+        a, b = SlotProxy(pool, executor), SlotProxy(other, executor)
+        b.prefill([9])
+        threading.Thread(target=b.decode, args=(8,), daemon=True).start()  # b joins the batches
+        logits = a.prefill([1, 2])
+        while b not in executor._decoding:
+            threading.Event().wait(0.01)
+        executor._decodes.pop(b, None)  # b stops posting: a's next feed waits in the queue
+        stream = a.token_stream(SamplingParams(temperature=0.0), logits)
+        stream.read()
+        stream.feed()  # posted, but the batch waits for b
+        stream.undo()
+        assert a.n_past == pool.n_past == 2 and pool.held_ids == [1, 2]
+    finally:
+        executor.close(wait_s=1.0)
