@@ -5,8 +5,10 @@ The pool's caller and workers claim chunks of a job with a compare-and-swap on o
 (generation, next index). A worker that had read the word of a finished job and resumed late
 could read the next job's size and claim its indices under the finished job's generation: that
 chunk ran twice and was counted into the next job's done count, so pool_run could return while
-a chunk still ran on the caller's stack frame or on freed buffers (a crash of the server, or
-wrong logits, now and then on a loaded machine). Finished jobs are now retired.
+a chunk still ran on the caller's stack frame or on freed buffers (a crash, or wrong values).
+It needs the caller to be preempted between writing the next job's fields and publishing its
+generation: an instrumented server on a loaded 2-core machine logged such claims (29 in one
+7-minute run, none in another 5-minute one). Finished jobs are now retired.
 """
 
 from __future__ import annotations
