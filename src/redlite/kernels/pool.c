@@ -22,7 +22,7 @@
 
 #define MAX_WORKERS 63
 #define SPINS 20000
-#define RETIRED 0xffffffffu  /* the next index of a finished job: above any n (n < 2^32) */
+#define RETIRED 0xffffffffu  /* the next index of a finished job: above any n (n < 2^32 - 1) */
 
 static struct {
     pthread_mutex_t mu;
