@@ -20,7 +20,11 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A server process; ``url`` is its base URL, ``log()`` what it printed so far."""
+    """A server process; ``url`` is its base URL, ``log()`` what it printed so far.
+    ``running`` holds the servers not yet stopped (conftest.py reports their exit status and
+    log when a test fails)."""
+
+    running: list["ServerProcess"] = []
 
     def __init__(self, *args: str, engine: str = "echo", timeout_s: float = 120.0) -> None:
         self.port = free_port()
@@ -30,8 +34,9 @@ class ServerProcess:
         self._final_log = ""
         command = [sys.executable, "-m", "redlite.cli", "serve", "--engine", engine,
                    "--port", str(self.port), *args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")  # a crash logs its stacks
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        ServerProcess.running.append(self)
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -66,8 +71,17 @@ class ServerProcess:
     def signal(self, sig: int = signal.SIGINT) -> None:
         self.proc.send_signal(sig)
 
+    def report(self, tail_chars: int = 8000) -> str:
+        """The exit status so far (None: running; negative: killed by that signal) and the
+        log's last ``tail_chars`` characters, for a failed test's report."""
+        status = self.proc.poll()
+        state = "running" if status is None else f"exited with status {status}"
+        return f"server {self.url} ({' '.join(self.proc.args[3:])}): {state}\n{self.log()[-tail_chars:]}"
+
     def stop(self) -> int:
         """Stop the process (SIGINT, then SIGKILL after 10 s) and delete its log file."""
+        if self in ServerProcess.running:
+            ServerProcess.running.remove(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:

@@ -5,7 +5,13 @@
  * wakes late claims nothing from a finished job. The caller then waits only for chunks already
  * claimed. On a CPU shared with other processes a preempted worker therefore costs at most one
  * chunk, where a fork/join barrier (OpenMP's) waits a whole scheduler time slice. Workers spin a
- * little after each job, then sleep on a condition variable. */
+ * little after each job, then sleep on a condition variable.
+ *
+ * A finished job's word is retired (next index UINT32_MAX) before pool_run returns: a worker
+ * that read the word of a finished job and is late (preempted, or woken late) may read the next
+ * job's n and chunk, and would otherwise claim indices of that job under the old generation,
+ * running it a second time and counting them into its done count, so the next pool_run could
+ * return while a chunk still runs (on its caller's stack, or on freed buffers). */
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -16,6 +22,7 @@
 
 #define MAX_WORKERS 63
 #define SPINS 20000
+#define RETIRED 0xffffffffu  /* the next index of a finished job: above any n (n < 2^32 - 1) */
 
 static struct {
     pthread_mutex_t mu;
@@ -64,6 +71,8 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* fn(ctx, begin, end) over chunks of [0, n) (n < 2^32 - 1), on the caller and the workers;
+ * returns when every chunk has run. One caller at a time. */
 void pool_run(task_fn fn, void *ctx, int64_t n, int64_t chunk) {
     if (n <= 0) return;
     if (P.active == 0 || n <= chunk) { fn(ctx, 0, n); return; }
@@ -78,6 +87,9 @@ void pool_run(task_fn fn, void *ctx, int64_t n, int64_t chunk) {
     for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < n; spins++) {
         if (spins < SPINS) _mm_pause(); else sched_yield();  /* a preempted worker holds a chunk */
     }
+    /* retire the job before the next one's fields are written (see the file comment); a full
+     * barrier: no later store moves before it */
+    atomic_store(&P.word, ((uint64_t)gen << 32) | RETIRED);
 }
 
 /* Use n threads in all: the caller and n - 1 workers (started when first needed). */
