@@ -7,7 +7,8 @@ import jsonschema
 import pytest
 
 from redlite.core.byte_tokenizer import END, ByteTokenizer
-from redlite.core.constraints import ConstraintError, build_constraint
+from redlite.core.closed_objects import close_objects
+from redlite.core.constraints import MAX_FORCED_CALLS, ConstraintError, build_constraint
 from redlite.core.chat import OutputEvent
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator
 from redlite.core.grammar import GrammarMatcher, check_constraint, grammar_tokenizer
@@ -20,6 +21,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": 
            "required": ["city"], "additionalProperties": False}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "ping"}}]
+ANY = {"type": "function", "function": {"name": "any", "parameters": {"type": "object"}}}
 SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER, "strict": True}}
 
 
@@ -102,8 +104,11 @@ def test_qwen3_coder_forced_call():
     assert accepts(spec, call)
     assert not accepts(spec, call.replace("4", '"four"'))
     assert not accepts(spec, call.replace("<parameter=city>\nSan </parameter> Jose\n</parameter>\n", ""))
-    free = "<tool_call>\n<function=ping>\n<parameter=host>\nx\n</parameter>\n</function>\n</tool_call>"
-    assert accepts(spec, free)
+    free = "<tool_call>\n<function=any>\n<parameter=host>\nx\n</parameter>\n</function>\n</tool_call>"
+    assert accepts(build_constraint(None, TOOLS + [ANY], "required", "qwen3_coder"), free)
+    # a tool without parameters takes none (OpenAI: an empty parameter list)
+    assert not accepts(spec, free.replace("=any>", "=ping>"))
+    assert accepts(spec, "<tool_call>\n<function=ping>\n</function>\n</tool_call>")
 
 
 def test_llama3_json_forced_call():
@@ -152,3 +157,87 @@ def test_echo_named_call_is_forced():
     assert text == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tool_call>'
     body = json.loads(text.removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
     jsonschema.validate(body["arguments"], WEATHER)
+
+
+PING = '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+
+
+def test_forced_calls_can_end_and_are_capped():
+    """``required``: at least one call; the turn may end after any complete call (also after a
+    trailing newline), and at most MAX_FORCED_CALLS calls follow one another."""
+    required = build_constraint(None, TOOLS, "required", "hermes")
+    assert accepts(required, PING) and accepts(required, PING + "\n")
+    assert accepts(required, "\n".join([PING] * MAX_FORCED_CALLS))
+    assert not accepts(required, "\n".join([PING] * (MAX_FORCED_CALLS + 1)))
+    assert not accepts(required, "")
+    single = build_constraint(None, TOOLS, "required", "hermes", parallel_tool_calls=False)
+    assert accepts(single, PING) and not accepts(single, PING + "\n" + PING)
+    coder = build_constraint(None, TOOLS, "required", "qwen3_coder")
+    call = "<tool_call>\n<function=ping>\n</function>\n</tool_call>"
+    assert accepts(coder, call + "\n") and accepts(coder, "\n".join([call] * MAX_FORCED_CALLS))
+    assert not accepts(coder, "\n".join([call] * (MAX_FORCED_CALLS + 1)))
+
+
+def test_echo_required_calls_stop():
+    """The echo engine's source holds twelve calls: the answer holds MAX_FORCED_CALLS; a call
+    followed by a newline and text ends after the call (the newline no longer forces another)."""
+    spec = build_constraint(None, TOOLS, "required", "hermes")
+    text, finish = generate("\n".join([PING] * 12), spec, max_tokens=4000)
+    assert finish == "stop" and text == "\n".join([PING] * MAX_FORCED_CALLS) + "\n"
+    text, finish = generate(PING + "\nDone, nothing else to call.", spec)
+    assert finish == "stop" and text == PING + "\n"
+
+
+def test_objects_listing_properties_are_closed():
+    """No keys beyond ``properties`` unless the schema allows them (xgrammar's strict_mode)."""
+    open_weather = {k: v for k, v in WEATHER.items() if k != "additionalProperties"}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": open_weather}},
+             {"type": "function", "function": {"name": "opts", "parameters": {
+                 "type": "object", "properties": {"env": {"type": "object"},
+                                                  "inner": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                                                  "extra": {"type": "object", "properties": {}, "additionalProperties": True}}}}}]
+
+    def call(name, arguments):
+        return '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (name, arguments)
+
+    weather = build_constraint(None, tools, "get_weather", "hermes")
+    assert accepts(weather, call("get_weather", '{"city": "Paris"}'))
+    assert not accepts(weather, call("get_weather", '{"city": "Paris", "x": 1}'))
+    opts = build_constraint(None, tools, "opts", "hermes")
+    assert accepts(opts, call("opts", '{"env": {"ANY": "thing"}}'))  # an object without properties: open
+    assert accepts(opts, call("opts", '{"extra": {"k": 1}}'))  # allowed by the schema: kept
+    assert accepts(opts, call("opts", '{"inner": {"a": 1}}'))
+    assert not accepts(opts, call("opts", '{"inner": {"a": 1, "b": 2}}'))  # nested: closed
+    assert not accepts(opts, call("opts", '{"other": 1}'))
+    assert accepts(build_constraint({"type": "json_object"}), '{"any": 1}')  # json_object: any object
+    loose = {"type": "json_schema", "json_schema": {"schema": open_weather}}
+    assert not accepts(build_constraint(loose), '{"city": "Paris", "x": 1}')
+
+
+def test_closing_keeps_intersections_satisfiable():
+    base = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    more = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}
+    both = close_objects({"allOf": [base, more]})
+    assert both["allOf"] == [base, more]  # members of an intersection stay open
+    ref = close_objects({"$defs": {"A": base}, "properties": {"x": {"$ref": "#/$defs/A"}}})
+    assert ref["$defs"]["A"]["additionalProperties"] is False and ref["additionalProperties"] is False
+    mixed = close_objects({"$defs": {"A": base}, "$ref": "#/$defs/A", "properties": {"b": {}}})
+    assert "additionalProperties" not in mixed and mixed["$defs"]["A"] == base
+    either = close_objects({"anyOf": [base, more]})
+    assert all(s["additionalProperties"] is False for s in either["anyOf"])
+    assert close_objects({"not": base}) == {"not": base}
+    sloppy = {"type": "object", "properties": {"a": {}}, "required": ["a", "b"]}  # b: not listed
+    assert close_objects(sloppy) == sloppy
+    assert "additionalProperties" not in close_objects({"properties": {"a": {}}, "minProperties": 2})
+    grammar = build_constraint({"type": "json_schema", "json_schema": {"schema": {"allOf": [base, more]}}})
+    assert accepts(grammar, '{"a": 1, "b": 2}')
+
+
+def test_echo_forced_call_with_open_schema_closes():
+    """The echo source goes on with keys the schema does not list: the call still closes."""
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": city}}]
+    source = '{"city": "Lima", ' + ", ".join(f'"k{i}": "v{i}"' for i in range(60)) + "}"
+    text, finish = generate(source, build_constraint(None, tools, "get_weather", "hermes"), max_tokens=150)
+    assert finish == "stop"
+    assert text == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tool_call>'

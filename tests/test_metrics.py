@@ -3,6 +3,8 @@ after a known sequence of requests the counters are exactly what the server did.
 
 from prometheus_client.parser import text_string_to_metric_families
 
+import time
+
 import pytest
 
 from echo_app import echo_client
@@ -128,6 +130,22 @@ def test_conversations_slots_and_dashboard_data_match_the_metrics():
     assert data["outcomes"] == {"empty": 1, "token-mismatch": 1}
     assert data["reuse"] == {"requests": 2, "reused_requests": 0, "prompt_tokens": 33,
                              "reused_tokens": 0}
+
+@pytest.mark.timeout(60)
+def test_live_conversation_has_its_last_use_time():
+    """The live conversation's ``last_used`` is when its last request ended, in seconds since
+    the epoch like the parked ones' (it was null)."""
+    with echo_client() as client:
+        before = time.time()
+        complete(client, "first conversation here")
+        first = client.get("/v1/conversations").json()["data"][0]
+        assert first["tier"] == "live" and before <= first["last_used"] <= time.time()
+        time.sleep(0.01)
+        complete(client, "second one")
+        live, parked = client.get("/v1/conversations").json()["data"]
+    assert live["tier"] == "live" and parked["tier"] == "ram"
+    assert live["last_used"] > first["last_used"] and live["last_used"] >= parked["last_used"] - 1.0
+
 
 def test_no_metrics_has_no_route_and_counts_nothing():
     with echo_client(metrics=False) as client:

@@ -258,3 +258,29 @@ def test_random_markup_soup_keeps_every_invariant():
                                                             start_in_reasoning=True)):
             for reason in ("stop", "length"):
                 check(text, options, stops=["STOP"], reason=reason, all_calls_valid=False)
+
+
+def test_a_call_repeating_an_earlier_one_ends_the_answer():
+    """A model in a loop: the answer ends at the first exact repeat (kept as generated, so
+    every chunking and the streamed pieces agree); different arguments are no repeat."""
+    a = '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'
+    b = a.replace("a.py", "b.py")
+    out = check("\n".join([a, b, a, a, a]) + "\nmore text", HERMES)
+    assert calls(out) == [("read", {"path": "a.py"}), ("read", {"path": "b.py"}),
+                          ("read", {"path": "a.py"})]
+    assert out.finish_reason == "tool_calls" and out.content == ""
+    coder = coder_call(("path", "x"))
+    assert calls(check("\n".join([coder] * 5), CODER)) == [("write", {"path": "x"})] * 2
+
+
+def test_dropped_calls_are_counted():
+    """Calls whose text the answer does not report (what exact replay must not keep)."""
+    whole = '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'
+    assert check(whole, HERMES).dropped_calls == 0
+    assert check(whole[:-20], HERMES, reason="length").dropped_calls == 1  # cut by max_tokens
+    assert check('Text.\n<tool_call>\n{"na', HERMES, reason="length").dropped_calls == 1
+    assert check("<tool_call>\n<function=write>\n<parameter=content>\nhalf", CODER,
+                 reason="length").dropped_calls == 1
+    broken = '<tool_call>\n{"name": "read", "arguments": {"path": a.py}}\n</tool_call>'
+    assert check(broken + "\n" + whole, HERMES, all_calls_valid=False).dropped_calls == 1
+    assert check("<tool_call>\nnot json at all\n</tool_call> done", HERMES).dropped_calls == 0  # text

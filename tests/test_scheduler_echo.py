@@ -290,6 +290,7 @@ def test_slots_and_conversations_show_every_slot(tmp_path):
     assert sorted(s["n_past"] > 0 for s in slots) == [True] * 3
     assert sorted(c["slot"] for c in live) == [0, 1, 2]
     assert sorted(c["id"] for c in live) == ["live", "live-1", "live-2"]
+    assert all(isinstance(c["last_used"], float) and c["last_used"] > 1e9 for c in live)
     assert saved.status_code == 200 and saved.json()["id_slot"] == 2
     assert saved.json()["n_saved"] == slots[2]["n_past"]
     assert bad.status_code == 400

@@ -107,10 +107,13 @@ class ToolCallDelta:
 @dataclass
 class ChatOutput:
     """The whole parsed answer (non-streamed view). finish_reason: ``stop``, ``length``,
-    ``tool_calls``, ``stop_sequence`` is reported as ``stop`` with ``stop_sequence`` set."""
+    ``tool_calls``, ``stop_sequence`` is reported as ``stop`` with ``stop_sequence`` set.
+    dropped_calls: calls the scanner dropped (malformed, or cut by ``max_tokens``): their text
+    was generated but is in neither ``content`` nor ``tool_calls``."""
 
     content: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str = "stop"
     stop_sequence: str | None = None
+    dropped_calls: int = 0

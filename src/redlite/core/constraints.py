@@ -12,7 +12,10 @@ The rules, in order:
   {"name"}}`` arrives as the name): the whole answer is a call in the model's format,
   arguments following the tool's ``parameters`` schema; ``response_format`` does not apply
   (the answer is a call). A named function is called once (as vLLM forces it); ``required``
-  allows several calls in a row when ``parallel_tool_calls``.
+  allows several calls in a row when ``parallel_tool_calls``, at most
+  :data:`MAX_FORCED_CALLS` (one when not). After each complete call the turn may end (the
+  end-of-turn token is allowed; with several calls also after one trailing ``\n``), so
+  "required" means at least one call, not a call after a call until ``max_tokens``.
 * ``response_format`` ``json_object`` / ``json_schema`` (``strict`` or not: the output is
   always constrained, as vLLM does): the answer is that JSON value; with ``tools`` and
   ``tool_choice: "auto"`` a call is allowed instead.
@@ -36,7 +39,11 @@ Call formats (names shared with the tool-call parsers):
 * ``llama3_json``: ``{"name": "NAME", "parameters": ARGS}`` (one call).
 
 JSON is written compactly with ``", "`` and ``": "`` separators (no free whitespace: a small
-model cannot pad forever), set through llguidance's ``x-guidance`` schema options. Tool schemas
+model cannot pad forever), set through llguidance's ``x-guidance`` schema options. Objects are
+closed as xgrammar's ``strict_mode`` closes them (:mod:`redlite.core.closed_objects`: an object
+schema that lists ``properties`` and says nothing about other keys allows no other keys, so
+the model cannot add keys until ``max_tokens``); a tool without ``parameters`` takes none (an
+empty object, as OpenAI defines it); ``json_object`` stays any object. Tool schemas
 and non-strict ``json_schema`` formats are compiled leniently (keywords llguidance does not
 implement are ignored, as agents' tool schemas carry many); a strict ``json_schema`` with such a
 keyword is an error.
@@ -49,7 +56,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from redlite.core.closed_objects import close_objects
+
 TOOL_FORMATS = ("hermes", "qwen3_coder", "llama3_json")
+#: the most calls a constrained answer (``tool_choice: "required"``, or ``auto`` with a
+#: ``response_format``) may hold with parallel calls
+MAX_FORCED_CALLS = 8
+#: the parameters of a tool that gives none: no arguments
+NO_PARAMETERS = {"type": "object", "properties": {}}
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _TEXT = "TEXT: /(.|\\n)*/"
 
@@ -141,7 +155,7 @@ def _functions(tools: list[dict]) -> list[dict]:
             continue
         parameters = function.get("parameters")
         if parameters is None:
-            parameters = {"type": "object"}
+            parameters = NO_PARAMETERS
         if not isinstance(parameters, dict):
             raise ConstraintError(f"tool {function['name']!r}: parameters must be a JSON schema object",
                                   "tools")
@@ -156,7 +170,7 @@ def _response_format_rule(response_format: dict | None) -> str | None:
     if kind in (None, "text"):
         return None
     if kind == "json_object":
-        return _json({"type": "object"})
+        return _json({"type": "object"}, close=False)
     if kind == "json_schema":
         holder = response_format.get("json_schema", response_format)
         schema = holder.get("schema") if isinstance(holder, dict) else None
@@ -170,9 +184,10 @@ def _response_format_rule(response_format: dict | None) -> str | None:
                           "(text, json_object, json_schema)", "response_format")
 
 
-def _json(schema: dict, lenient: bool = True) -> str:
-    """``%json {...}`` of ``schema`` with the compact-output options added."""
-    schema = copy.deepcopy(schema)
+def _json(schema: dict, lenient: bool = True, close: bool = True) -> str:
+    """``%json {...}`` of ``schema`` with the compact-output options added; ``close``: its
+    objects closed (:func:`redlite.core.closed_objects.close_objects`)."""
+    schema = copy.deepcopy(close_objects(schema) if close else schema)
     options = dict(JSON_OPTIONS, lenient=lenient)
     if isinstance(schema.get("x-guidance"), dict):
         options.update(schema["x-guidance"])
@@ -196,7 +211,11 @@ def _calls(functions: list[dict], tool_format: str, parallel_tool_calls: bool) -
         rules.insert(0, f"call: {' | '.join(names)}")
         return rules, "call"
     rules.insert(0, 'call: "<tool_call>\\n" (' + " | ".join(names) + ') "\\n</tool_call>"')
-    return rules, 'call ("\\n" call)*' if parallel_tool_calls else "call"
+    if not parallel_tool_calls:
+        return rules, "call"
+    # the turn may end after any complete call, a "\n" after it included (a model that writes
+    # one there is not made to open another call)
+    return rules, f'call ("\\n" call){{0,{MAX_FORCED_CALLS - 1}}} "\\n"?'
 
 
 def _call_rules(rule: str, function: dict, tool_format: str) -> list[str]:

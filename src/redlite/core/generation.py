@@ -237,6 +237,7 @@ class Generator:
                 request.result = request.action(self)
             except Exception as error:
                 request.error = error
+            self.sequence.touch()
             return
         for index in range(max(1, request.n)):
             if index and request.cancelled.is_set():
@@ -291,6 +292,7 @@ class Generator:
         if not complete:
             log.info("%s generated 0 tok, finish cancelled, held %d tok", request.request_id,
                      len(self.held_ids))
+            self.sequence.touch()
             yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan)
             return
         log.info("%s prefill %d tok (%d cached) ttft %.1f ms%s", request.request_id,
@@ -356,5 +358,6 @@ class Generator:
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
                  request.request_id, generated, rate, finish, len(self.held_ids))
+        self.sequence.touch()  # before the result goes out: a client reading it sees the time
         yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan, output,
                                index, records, answer)

@@ -54,6 +54,10 @@ class ParseOptions:
     schemas: tool name -> JSON schema of its parameters (types of qwen3_coder values).
     max_calls: most calls in one answer (1 for ``parallel_tool_calls: false``); the generation
         stops when that many calls are complete, None: no limit.
+
+    Whatever max_calls, the generation stops at a complete call that repeats an earlier call of
+    the same answer exactly (same name, same argument text): a model in a loop, not a plan
+    (the repeat is reported as generated, so streamed and non-streamed answers agree).
     """
 
     tool_format: str | None = None
@@ -81,6 +85,7 @@ class OutputScanner:
         self.output = ChatOutput()
         self._finished = False
         self._complete_calls = 0
+        self._repeated = False  # a complete call repeated an earlier one: generation ends
 
     @property
     def stopped(self) -> bool:
@@ -90,7 +95,7 @@ class OutputScanner:
     @property
     def _call_limit_hit(self) -> bool:
         limit = self.options.max_calls
-        return limit is not None and self._complete_calls >= limit
+        return self._repeated or (limit is not None and self._complete_calls >= limit)
 
     # --- markers ------------------------------------------------------------------------------
 
@@ -207,8 +212,14 @@ class OutputScanner:
             self._drop(call.index)
         elif call.started:
             self._complete_calls += 1
+            calls = self.output.tool_calls
+            done = calls[call.index]
+            if any((c.name, c.arguments) == (done.name, done.arguments) for c in calls[:call.index]):
+                log.info("tool call %r repeats an earlier call of the answer; answer ended", done.name)
+                self._repeated = True
 
     def _drop(self, index: int) -> None:
+        self.output.dropped_calls += 1
         if index < len(self.output.tool_calls):
             self.output.tool_calls[index].name = ""  # marked; removed in finish()
 
@@ -247,7 +258,8 @@ class OutputScanner:
                     self._drop(call.index)
             elif call.started:
                 self._drop(call.index)  # cut by max_tokens: no half call is reported
-            # a call cut before its name was complete is dropped too (it is no text either)
+            else:  # a call cut before its name was complete is dropped too (it is no text either)
+                self.output.dropped_calls += 1
         elif self._pending:
             self._emit(self._mode, self._pending, events)
             self._pending = ""

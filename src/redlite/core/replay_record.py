@@ -17,10 +17,17 @@ def record_turn(store: ReplayStore, tokenizer: Any, request: Any, result: Any,
     """Keep ``result`` (a :class:`redlite.core.generation.GenerationResult`) of ``request`` (its
     :class:`GenerationRequest`); last_message: the chat request's last message (the one the
     answer follows). Not kept: a cancelled answer, one cut by a stop sequence (the
-    client's copy lacks the stop text the model saw), and a prompt whose generation prompt (the
-    ids after its last message boundary) is unknown or longer than :data:`MAX_PREFIX_TOKENS`."""
+    client's copy lacks the stop text the model saw), one with a dropped call (cut by
+    ``max_tokens`` or malformed: the client's copy lacks its text, so the kept ids are not what
+    the client sends back; kept, it would put the unfinished call back into the prompt), and a
+    prompt whose generation prompt (the ids after its last message boundary) is unknown or
+    longer than :data:`MAX_PREFIX_TOKENS`."""
     output = result.output
     if result.finish_reason == "cancelled" or output.stop_sequence is not None:
+        return None
+    if output.dropped_calls:
+        log.info("%s replay: answer not kept: %d unfinished or malformed call(s) the client "
+                 "does not get", getattr(request, "request_id", ""), output.dropped_calls)
         return None
     if not request.message_ends or not result.answer_ids:
         return None

@@ -169,7 +169,7 @@ class Scheduler:
                 run_job(lane.generator, job, on_result=lambda _result: lane.proxy.rest())
             finally:
                 lane.proxy.rest()
-                lane.generator.sequence.last_used = time.monotonic()
+                lane.generator.sequence.touch()
                 with self._lock:
                     lane.job = None
                     job.finished.set()

@@ -26,7 +26,9 @@ from redlite.core.checkpoints import CheckpointStore
 class Sequence:
     """One slot's conversation (see module docstring). engine: the slot (an
     :class:`~redlite.engine.base.Engine`, or a proxy forwarding to one). last_used: when its
-    last request ended (``time.monotonic`` seconds; placement evicts the least recent)."""
+    last request ended (``time.monotonic`` seconds; placement evicts the least recent);
+    used_at: the same moment in seconds since the epoch (what ``GET /v1/conversations``
+    shows, as for parked and stored conversations), set by :meth:`touch`."""
 
     engine: Any
     checkpoints: CheckpointStore
@@ -36,4 +38,9 @@ class Sequence:
     hits: int = 0
     answer_start: int | None = None
     last_used: float = field(default_factory=time.monotonic)
+    used_at: float = field(default_factory=time.time)
+
+    def touch(self) -> None:
+        """Mark the conversation used now (a request on it ended)."""
+        self.last_used, self.used_at = time.monotonic(), time.time()
 

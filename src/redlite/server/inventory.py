@@ -7,7 +7,8 @@ Tiers (:data:`TIERS`): ``live`` (the engine's state, on the device: one per sequ
 memory), ``disk`` (session files). Read from the engine worker's objects without a lock: the
 worker may change them meanwhile, so a read that races a change is retried (a snapshot is a
 few list copies, no per-token work). Bytes: engine state + checkpoints (live), entry payload
-(ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: None).
+(ram), file size (disk). Times: ``last_used`` in seconds since the epoch (live: when its
+last request ended, :attr:`redlite.core.sequence.Sequence.used_at`).
 ``session_key``: the client's session key of the conversation (files keep it too); ``hits``:
 how many requests reused its held state (live and pool; files do not keep it: None, and a
 conversation read back from a file counts from 0).
@@ -41,7 +42,8 @@ def _read(generators: list) -> list[dict]:
             positions = list(generator.checkpoints.positions)
             live_bytes = int(generator.engine.state_nbytes()) + sum(
                 int(getattr(c, "nbytes", 0)) for c in generator.checkpoints.items())
-            out.append(_conversation("live", live_id(slot), held, live_bytes, positions, None,
+            used_at = getattr(getattr(generator, "sequence", None), "used_at", None)
+            out.append(_conversation("live", live_id(slot), held, live_bytes, positions, used_at,
                                      getattr(generator, "session_key", None),
                                      getattr(generator, "hits", None), slot))
     parking = getattr(generators[0], "parking", None)

@@ -7,7 +7,7 @@ reused_tokens}`` over first choices; needs metrics on, else empty).
 ``/v1/conversations``::
 
     {"object": "list", "data": [{"id", "tier": "live"|"device"|"ram"|"disk", "session_key",
-     "tokens", "bytes", "checkpoints": [position, ...], "last_used": epoch s | null,
+     "tokens", "bytes", "checkpoints": [position, ...], "last_used": epoch s,
      "hits": int | null, "slot": int | null}, ...],
      "tiers": {tier: {"conversations", "tokens", "bytes", "budget_bytes": int | null}}}
 

@@ -116,7 +116,7 @@ _CONVERSATION = {"type": "object", "required": ["id", "tier", "session_key", "to
                                 "tokens": {"type": "integer", "minimum": 0},
                                 "bytes": {"type": "integer", "minimum": 0},
                                 "checkpoints": {"type": "array", "items": {"type": "integer"}},
-                                "last_used": {"type": ["number", "null"]}}}
+                                "last_used": {"type": "number"}}}
 
 
 def observe_routes(common: list[int]) -> dict:
