@@ -24,7 +24,7 @@ def echo_state(slot_dir: Path | None = None, security: SecurityOptions | None = 
                max_tokens: int | None = None, park_device_bytes: int = 0, parking=None,
                parallel: int = 1, engine: EchoEngine | None = None, max_queue: int = 4,
                prefill_chunk: int = 1 << 30, merged: tuple[bytes, ...] = (),
-               same_bytes: bool = True, **state_fields) -> ServerState:
+               same_bytes: bool = True, decode_ahead: bool = True, **state_fields) -> ServerState:
     """A ServerState over a fresh echo engine and worker thread (stop it with
     ``state.worker.shutdown()``); ``max_tokens``: the server-side cap (``--max-tokens``);
     ``park_device_bytes``: ``--park-device-mib`` in bytes (the engine then counts as holding
@@ -32,7 +32,8 @@ def echo_state(slot_dir: Path | None = None, security: SecurityOptions | None = 
     a 1 MiB, 4-entry pool; ``parallel``: ``--parallel`` (a Scheduler of that many slots when
     > 1); ``engine``: the echo engine to serve (default: a fresh rewindable one). ``merged``:
     multi-byte tokens the engine writes and the tokenizer never does (a re-tokenizing answer;
-    with a given ``engine``, give it the same); ``same_bytes``: :class:`GeneratorSettings` field."""
+    with a given ``engine``, give it the same); ``same_bytes``: :class:`GeneratorSettings` field;
+    ``decode_ahead``: off is ``--no-decode-ahead``."""
     engine = engine or EchoEngine(device_resident=park_device_bytes > 0, merged=merged)
     # one prefill call per request whatever its length, so tests can count requests' prefills
     generator = Generator(engine, ByteTokenizer(merged), GeneratorSettings(
@@ -40,7 +41,7 @@ def echo_state(slot_dir: Path | None = None, security: SecurityOptions | None = 
     generator.parking = (parking(engine) if parking is not None else
                          Conversations(ParkingPool(1 << 20, 4, device_budget_bytes=park_device_bytes),
                                        None))
-    worker = build_scheduler(generator, parallel, max_queue) if parallel > 1 else None
+    worker = build_scheduler(generator, parallel, max_queue, decode_ahead) if parallel > 1 else None
     worker = worker or EngineWorker(generator, max_queue=max_queue)
     slots = None
     if slot_dir is not None:

@@ -111,7 +111,7 @@ def test_token_stream_feeds_ahead_and_undo_leaves_the_slot_as_before():
     from redlite.engine.base import SamplingParams
 
     pool = EchoEngine(max_context=64)
-    executor = EngineExecutor(pool, batch_wait_s=5.0)
+    executor = EngineExecutor(pool, batch_wait_s=5.0, decode_ahead=True)
     try:
         proxy = SlotProxy(pool, executor)
         logits = proxy.prefill([1, 2, 3])
@@ -137,7 +137,7 @@ def test_token_stream_undo_of_a_feed_not_run_yet_withdraws_it():
 
     pool = EchoEngine(max_context=64)
     other = pool.new_slot()
-    executor = EngineExecutor(pool, batch_wait_s=30.0)
+    executor = EngineExecutor(pool, batch_wait_s=30.0, decode_ahead=True)
     try:
         a, b = SlotProxy(pool, executor), SlotProxy(other, executor)
         b.prefill([9])

@@ -81,8 +81,9 @@ async def conversation(client, name: str, turns: int, stream: bool, stop=None) -
 NAMES = ["alpha", "bravo", "charlie", "delta"]
 
 
-@pytest.mark.parametrize("can_rewind", [True, False])  # False: a hybrid's checkpoints
-def test_four_conversations_at_once_match_each_served_alone(can_rewind):
+@pytest.mark.parametrize("can_rewind,decode_ahead", [(True, False), (False, False), (True, True)])
+def test_four_conversations_at_once_match_each_served_alone(can_rewind, decode_ahead):
+    """(can_rewind False: a hybrid's checkpoints; decode_ahead: the executor token streams)"""
     async def together(app):
         async with async_client(app) as client:
             return await asyncio.gather(*(conversation(client, n, 3, i % 2 == 1, ["turn 2"] if i == 3 else None)
@@ -93,7 +94,7 @@ def test_four_conversations_at_once_match_each_served_alone(can_rewind):
             return [await conversation(client, n, 3, i % 2 == 1, ["turn 2"] if i == 3 else None)
                     for i, n in enumerate(NAMES)]
 
-    with echo_app(4, delay_ms=1.0, can_rewind=can_rewind) as (app, state):
+    with echo_app(4, delay_ms=1.0, can_rewind=can_rewind, decode_ahead=decode_ahead) as (app, state):
         got = run(together(app))
         executor = state.worker.executor
         assert executor.batched_tokens > executor.batches  # decode steps were batched

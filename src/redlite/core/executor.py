@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -43,7 +42,6 @@ log = logging.getLogger("redlite.executor")
 
 BATCH_WAIT_S = 0.05  # the longest a posted decode waits for the other decoding slots
 STICKY_S = 0.002  # after a call, how long its thread's next call has priority
-SWITCH_INTERVAL_S = 0.0005  # the interpreter's thread switch interval while an executor runs
 
 
 class EngineExecutor:
@@ -51,8 +49,9 @@ class EngineExecutor:
     ``decode_batch`` serves them all) on one thread. Counters for tests and the bench:
     ``batches`` (decode_batch calls) and ``batched_tokens`` (decodes in them)."""
 
-    def __init__(self, pool: Engine, batch_wait_s: float = BATCH_WAIT_S) -> None:
+    def __init__(self, pool: Engine, batch_wait_s: float = BATCH_WAIT_S, decode_ahead: bool = True) -> None:
         self.pool = pool
+        self.decode_ahead = bool(decode_ahead)  # slots may use ExecutorTokenStream (see SlotProxy)
         self.batch_wait_s = batch_wait_s
         self._cond = threading.Condition()
         # (the call, its future, the calling thread, whether it is a prefill chunk)
@@ -66,9 +65,6 @@ class EngineExecutor:
         self._owed = 0  # calls to run before the next batch
         self.batches = 0
         self.batched_tokens = 0
-        # the lanes' Python runs while a batch is on the device: let this thread take the
-        # interpreter back soon after each device wait, not after the default 5 ms
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._loop, name="engine-executor", daemon=True)
         self._thread.start()
 
@@ -235,16 +231,16 @@ class EngineExecutor:
             for future in futures:
                 future.set_exception(error)
             return
-        greedy = [i for i, proxy in enumerate(proxies) if proxy.stream is not None and proxy.stream.greedy]
+        greedy = [i for i, proxy in enumerate(proxies) if proxy.plain_greedy]
         picked: dict[int, int] = {}
         if len(greedy) > 1:  # one read back for all of them, not one per slot
             try:
                 picked = dict(zip(greedy, self.pool.greedy_batch([results[i] for i in greedy])))
-            except Exception:  # noqa: BLE001 - each stream samples its own row instead
+            except Exception:  # noqa: BLE001 - each slot samples its own row instead
                 log.exception("batched greedy pick failed")
         for index, (proxy, future, result) in enumerate(zip(proxies, futures, results)):
             if index in picked:
-                proxy.stream.on_token(picked[index])
+                proxy.picked(result, picked[index])
             else:
                 proxy.presample(result)
             future.set_result(result)

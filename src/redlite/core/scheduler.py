@@ -220,11 +220,13 @@ def _view(lane: _Lane) -> SlotView:
                     gen.checkpoints.positions, gen.session_key, gen.sequence.last_used)
 
 
-def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16) -> Scheduler | None:
+def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16,
+                    decode_ahead: bool = True) -> Scheduler | None:
     """A :class:`Scheduler` of ``parallel`` slots: ``generator``'s engine and
     ``parallel - 1`` new slots of it (``Engine.new_slot``), generators with its tokenizer,
     settings and parking (whole entries only, run on the executor). None when the engine cannot
-    make slots (the caller runs one sequence at a time)."""
+    make slots (the caller runs one sequence at a time). ``decode_ahead``: see
+    :mod:`redlite.core.executor_stream` (off: ``--no-decode-ahead``)."""
     from redlite.engine.base import EngineError
 
     pool = generator.engine
@@ -233,7 +235,7 @@ def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16) ->
     except EngineError as error:
         log.warning("--parallel %d: %s; serving one sequence at a time", parallel, error)
         return None
-    executor = EngineExecutor(pool)
+    executor = EngineExecutor(pool, decode_ahead=decode_ahead)
     parking = generator.parking
     if parking is not None:
         parking.tails = False

@@ -88,7 +88,7 @@ class SlotProxy:
         """An :class:`~redlite.core.executor_stream.ExecutorTokenStream` (the next step
         posted by the executor as soon as it has sampled) when the slot's engine can rewind
         (a fed token that ends the answer is taken back by rewinding); else None."""
-        if not getattr(self.target, "can_rewind", False):
+        if not (self.executor.decode_ahead and getattr(self.target, "can_rewind", False)):
             return None
         from redlite.core.executor_stream import ExecutorTokenStream
 
@@ -102,6 +102,18 @@ class SlotProxy:
         self.sampler = _RemoteSampler(self.executor,
                                       lambda: target.make_sampler(params, prompt_ids, constraint))
         return self.sampler
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Whether this slot's next token is a greedy pick of its token stream, which the
+        executor makes for the whole batch at once (:meth:`picked`). Host-sampled slots keep
+        sampling one by one: on the H200 the lanes then wake one after another while the next
+        slot's id is read, which measured faster than waking them all at once."""
+        return self.stream is not None and self.stream.greedy
+
+    def picked(self, logits: Any, token: int) -> None:
+        """On the executor thread: the batch's greedy pick for this slot's ``logits``."""
+        self.stream.on_token(token)
 
     def presample(self, logits: Any) -> Any:
         """On the executor thread, after this slot's decode: sample its next token now (the

@@ -127,7 +127,8 @@ def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
     generator.parking = parking
     worker = None
     if getattr(args, "parallel", 1) > 1:
-        worker = build_scheduler(generator, args.parallel, max_queue=args.queue)
+        worker = build_scheduler(generator, args.parallel, max_queue=args.queue,
+                                 decode_ahead=getattr(args, "decode_ahead", True))
     if worker is None:
         worker = EngineWorker(generator, max_queue=args.queue)
     slots = None
