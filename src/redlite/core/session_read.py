@@ -132,12 +132,19 @@ def open_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
     meta, entries = parse_header(mapped[8:8 + n], size - 8 - n)
     check_compatible(meta, expected)
     base = 8 + n
-    if base < size:
-        mapped.madvise(mmap.MADV_WILLNEED, base & ~(mmap.PAGESIZE - 1))  # start reading ahead
+
+    def prefetch(begin: int, end: int) -> None:
+        """Start reading ``[begin, end)`` of the mapping ahead (for the mapped path only: the
+        whole file read ahead while :meth:`StateFile.fill` reads it too doubled a cold
+        restore's time on a virtual disk)."""
+        if begin < end:
+            start = begin & ~(mmap.PAGESIZE - 1)
+            mapped.madvise(mmap.MADV_WILLNEED, start, end - start)
     canonical = canonical_header(meta, entries)
     stored = meta.get("checksum")
 
     def check() -> None:
+        prefetch(base, size)
         with memoryview(mapped) as view:
             data = view[base:]
             if isinstance(stored, str) and stored.startswith("crc32:"):  # older files
@@ -160,6 +167,7 @@ def open_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
                     begin, end = (base + o for o in entry["data_offsets"])
                     target = targets.get(name)
                     if target is None:
+                        prefetch(begin, end)
                         hasher.put(memoryview(mapped)[begin:end])
                         continue
                     _check_target(name, target, entry)
