@@ -20,11 +20,16 @@ prefilled into the torch engine in-process), each repetition measures, interleav
   (resident fraction printed too): what a restore of a file saved moments ago costs;
 - the prefill time of the same tokens (what a restore saves).
 
-GB/s = file bytes / time (1 GB = 1e9 bytes); ``%`` = session GB/s / raw GB/s (target >= 80%
-for save and restore, issue 12 §5). Medians of ``--repeat``. Prints a Markdown table and
-saves it with the JSON under bench/results/ (``park-DATE-MACHINE.{md,json}``).
+The order alternates: even repetitions run ours first, odd ones the raw anchor first (on a
+virtual disk the second of two back-to-back writes often runs at a fraction of the first's
+speed, whichever it is), so ``--repeat`` is even and each side goes first equally often.
+GB/s = file bytes / median time (1 GB = 1e9 bytes); ``%`` = raw time / our time over each pair
+of repetitions in opposite orders, the median over the pairs (:func:`park_raw.paired_ratio`;
+target >= 80% for save and restore, issue 12 §5). Every repetition's time is in the JSON.
+Prints a Markdown table (headed by the command line) and saves it with the JSON under
+bench/results/ (``park-DATE-MACHINE.{md,json}``); the raw anchor is in bench/park_raw.py.
 
-Usage: PYTHONPATH=src .venv/bin/python bench/park.py [--sizes 1024,4096,8192] [--dir DIR] [--repeat 5]
+Usage: PYTHONPATH=src .venv/bin/python bench/park.py [--sizes 1024,4096,8192] [--dir DIR] [--repeat 8]
        [--random-weights] [--random-state] [--machine NAME] [--out DIR]
 (``--random-weights``: the bundled model's shape, random weights, no model file; ``--random-state``:
 random state bytes instead of a prefill. Neither changes the bytes saved and restored.)
@@ -33,10 +38,8 @@ random state bytes instead of a prefill. Neither changes the bytes saved and res
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import json
-import mmap
 import os
 import platform
 import statistics
@@ -47,85 +50,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from park_raw import drop_cache, full_buffers, paired_ratio, raw_read, raw_write, resident  # noqa: E402
 
 from redlite.core.live_state import capture, install  # noqa: E402
 from redlite.core.generation import Generator, GeneratorSettings  # noqa: E402
 from redlite.core.sessions import SessionStore, expected_for  # noqa: E402
-
-BLOCK = 8 << 20
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def resident(path: Path) -> float:
-    """Fraction of ``path``'s pages in the page cache now (``mincore`` of a mapping)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-    try:
-        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-        vec = (ctypes.c_ubyte * pages)()
-        address = _map_address(m)
-        if _libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vec) != 0:
-            raise OSError(ctypes.get_errno(), "mincore failed")
-        return sum(v & 1 for v in vec) / pages
-    finally:
-        m.close()
-
-
-def _map_address(m: mmap.mmap) -> int:
-    """Start address of a read-only mapping (through the buffer protocol, no copy)."""
-    import numpy as np
-
-    array = np.frombuffer(m, dtype=np.uint8)
-    address = array.ctypes.data
-    del array
-    return address
-
-
-def raw_write(path: Path, source: memoryview) -> float:
-    """Seconds to write all of ``source`` (a full-size buffer already in memory, as a parked
-    state is) to a new file in ``BLOCK`` writes, fsync included: the session writer's pattern."""
-    started = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        for begin in range(0, len(source), BLOCK):
-            f.write(source[begin:begin + BLOCK])
-        os.fsync(f.fileno())
-    return time.perf_counter() - started
-
-
-def raw_read(path: Path, target: memoryview) -> float:
-    """Seconds to read the whole file into ``target`` (a full-size buffer already touched, as an
-    engine's cache is) in ``BLOCK`` ``readinto`` calls: the session reader's pattern."""
-    started = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        for begin in range(0, len(target), BLOCK):
-            view = target[begin:begin + BLOCK]
-            got = 0
-            while got < len(view):
-                n = f.readinto(view[got:])
-                if not n:
-                    raise OSError("short read")
-                got += n
-    return time.perf_counter() - started
-
-
-def full_buffers(nbytes: int) -> tuple[memoryview, memoryview]:
-    """(random source, zeroed target) of ``nbytes`` each, every page touched before timing."""
-    import numpy as np
-
-    source = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
-    target = np.ones(nbytes, dtype=np.uint8)
-    return memoryview(source), memoryview(target)
-
 
 # SmolLM2-135M's shape (the bundled model): --random-weights builds it without the model file
 SMOLLM2_135M = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -230,9 +161,15 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
     row = {"tokens": len(tokens), "state_bytes": nbytes, "file_bytes": file_bytes, "prefill_s": prefill_s}
     for name, values in times.items():
         row[f"{name}_s"] = statistics.median(values)
+        row[f"{name}_each_s"] = values  # in repetition order (even: ours first, odd: raw first)
+    for ours, raw in PAIRS:
+        row[f"{ours}_of_raw"] = paired_ratio(times[ours], times[raw])
     for name, values in residency.items():
         row[f"{name}_resident"] = max(values) if name.startswith("cold") else min(values)
     return row
+
+
+PAIRS = (("disk_save", "raw_write"), ("cold_restore", "cold_raw_read"), ("warm_restore", "warm_raw_read"))
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -248,7 +185,7 @@ def table(rows: list[dict]) -> list[str]:
             return b / r[key] / gb
 
         def pct(ours: str, raw: str) -> str:
-            return f"{100 * r[raw] / r[ours]:.0f}%"
+            return f"{100 * r[ours.removesuffix('_s') + '_of_raw']:.0f}%"
         lines.append(
             f"| {r['tokens']} | {b / 1e6:.1f} | {r['prefill_s']:.2f} | {r['ram_save_s'] * 1e3:.1f} | "
             f"{r['ram_restore_s'] * 1e3:.1f} | {r['disk_save_s'] * 1e3:.1f} ({bw('disk_save_s'):.2f}) | "
@@ -264,7 +201,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1024,4096,8192")
     parser.add_argument("--dir", default=None, help="directory for the disk tier (default: a temp dir under bench/results)")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=8, help="an even number (see the order above)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--out", default=str(ROOT / "bench/results"), help="where the .md/.json go")
     parser.add_argument("--machine", default=None, help="machine name in the output file name")
@@ -274,6 +211,8 @@ def main() -> int:
                         help="random state tensors instead of a prefill (same bytes, no prefill time)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.repeat < 2 or args.repeat % 2:
+        parser.error("--repeat must be even (each side goes first in half the repetitions)")
 
     if args.random_weights:
         from redlite.core.byte_tokenizer import ByteTokenizer
@@ -304,11 +243,11 @@ def main() -> int:
     residency = ", ".join(f"{r['tokens']}: cold session/raw {r['cold_session_resident']:.0%}/"
                           f"{r['cold_raw_resident']:.0%}, warm {r['warm_session_resident']:.0%}/"
                           f"{r['warm_raw_resident']:.0%}" for r in rows)
-    options = " ".join(f"--{k.replace('_', '-')}" for k in ("random_weights", "random_state")
-                       if getattr(args, k))
-    lines = [f"bench/park.py {options}: model {engine.model_id}, dtype "
-             f"{str(engine.dtype).removeprefix('torch.')}, CPU, {os.cpu_count()} cores; median of "
-             f"{args.repeat}; disk dir {base} ({platform.platform()}); load average "
+    command = " ".join(["bench/park.py", *sys.argv[1:]])
+    lines = [f"`{command}`: model {engine.model_id}, dtype "
+             f"{str(engine.dtype).removeprefix('torch.')}, CPU, {os.cpu_count()} cores; times are "
+             f"medians of {args.repeat}, % of raw the median over {args.repeat // 2} pairs of "
+             f"repetitions in opposite orders; disk dir {base} ({platform.platform()}); load average "
              f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end.", "",
              "Page cache before each read (max over repetitions for cold, min for warm), "
              f"fraction of the file resident: {residency}.", "", *table(rows)]
@@ -320,6 +259,7 @@ def main() -> int:
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     (out / f"{name}.json").write_text(json.dumps({
         "model": engine.model_id, "dtype": str(engine.dtype), "repeat": args.repeat, "rows": rows,
+        "command": command,
         "platform": platform.platform(), "loadavg": load}, indent=2))
     print(f"\nsaved {out / name}.{{md,json}}")
     return 0

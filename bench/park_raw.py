@@ -1,0 +1,101 @@
+"""The raw disk anchor of bench/park.py and the page-cache tools it needs: the same bytes moved
+between the same kinds of memory in the session reader's and writer's pattern (8 MiB writes and
+fsync; 8 MiB ``readinto`` into a full-size buffer already touched), with no format, checksum
+or bookkeeping; dropping a file from the page cache and measuring how much of it is resident;
+and the order-balanced ratio of two timed series (:func:`paired_ratio`)."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import statistics
+import time
+from pathlib import Path
+
+BLOCK = 8 << 20
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def drop_cache(path: Path) -> None:
+    """Write ``path`` back (fsync) and drop its pages from the page cache (``DONTNEED``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def resident(path: Path) -> float:
+    """Fraction of ``path``'s pages in the page cache now (``mincore`` of a mapping)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    try:
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        address = _map_address(m)
+        if _libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+        return sum(v & 1 for v in vec) / pages
+    finally:
+        m.close()
+
+
+def _map_address(m: mmap.mmap) -> int:
+    """Start address of a read-only mapping (through the buffer protocol, no copy)."""
+    import numpy as np
+
+    array = np.frombuffer(m, dtype=np.uint8)
+    address = array.ctypes.data
+    del array
+    return address
+
+
+def raw_write(path: Path, source: memoryview) -> float:
+    """Seconds to write all of ``source`` (a full-size buffer already in memory, as a parked
+    state is) to a new file in ``BLOCK`` writes, fsync included: the session writer's pattern."""
+    started = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        for begin in range(0, len(source), BLOCK):
+            f.write(source[begin:begin + BLOCK])
+        os.fsync(f.fileno())
+    return time.perf_counter() - started
+
+
+def raw_read(path: Path, target: memoryview) -> float:
+    """Seconds to read the whole file into ``target`` (a full-size buffer already touched, as an
+    engine's cache is) in ``BLOCK`` ``readinto`` calls: the session reader's pattern."""
+    started = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        for begin in range(0, len(target), BLOCK):
+            view = target[begin:begin + BLOCK]
+            got = 0
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    raise OSError("short read")
+                got += n
+    return time.perf_counter() - started
+
+
+def full_buffers(nbytes: int) -> tuple[memoryview, memoryview]:
+    """(random source, zeroed target) of ``nbytes`` each, every page touched before timing."""
+    import numpy as np
+
+    source = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    target = np.ones(nbytes, dtype=np.uint8)
+    return memoryview(source), memoryview(target)
+
+
+def paired_ratio(ours: list[float], raw: list[float]) -> float:
+    """Raw time / our time, order-balanced: repetitions ``2i`` and ``2i + 1`` ran in opposite
+    orders (ours first, then raw first), so each pair's summed times cancel what the first or
+    second place costs (on a virtual disk the second of two back-to-back writes often runs at a
+    fraction of the first's speed); the median over pairs drops a pair hit by another
+    process. ``len(ours) == len(raw)``, even."""
+    if len(ours) != len(raw) or len(ours) % 2:
+        raise ValueError("paired_ratio needs two series of the same even length")
+    pairs = [(raw[i] + raw[i + 1]) / (ours[i] + ours[i + 1]) for i in range(0, len(ours), 2)]
+    return statistics.median(pairs)
