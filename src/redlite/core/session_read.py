@@ -64,11 +64,13 @@ class StateFile:
         of that file tensor's shape and dtype, any strides: e.g. views of an engine's cache)
         and verify the checksum over the whole file in the same pass (each batch of blocks hashed
         by a thread while the next is read). Tensors without a target are hashed from the mapping. Returns the
-        tensors with the targets in place of the mapped views. Raises SessionFileError
+        tensors with the targets in place of the mapped views (``tensors`` too: the mapping is
+        unmapped as soon as no tensor views it). Call once. Raises SessionFileError
         (``checksum``, ``io``, or ``corrupt-header`` for a target that does not fit)."""
         self._fill(targets)
-        self._check = None
-        return {**self.tensors, **targets}
+        self._check = self._fill = None
+        self.tensors = {**self.tensors, **targets}
+        return self.tensors
 
     def verify(self) -> None:
         """Finish the checksum pass (waits for :meth:`start_verify`'s thread). Raises
