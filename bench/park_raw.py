@@ -1,15 +1,13 @@
 """The raw disk anchor of bench/park.py and the page-cache tools it needs: the same bytes moved
 between the same kinds of memory in the session reader's and writer's pattern (8 MiB writes and
 fsync; 8 MiB ``readinto`` into a full-size buffer already touched), with no format, checksum
-or bookkeeping; dropping a file from the page cache and measuring how much of it is resident;
-and the order-balanced ratio of two timed series (:func:`paired_ratio`)."""
+or bookkeeping; dropping a file from the page cache and measuring how much of it is resident."""
 
 from __future__ import annotations
 
 import ctypes
 import mmap
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -87,15 +85,3 @@ def full_buffers(nbytes: int) -> tuple[memoryview, memoryview]:
     source = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
     target = np.ones(nbytes, dtype=np.uint8)
     return memoryview(source), memoryview(target)
-
-
-def paired_ratio(ours: list[float], raw: list[float]) -> float:
-    """Raw time / our time, order-balanced: repetitions ``2i`` and ``2i + 1`` ran in opposite
-    orders (ours first, then raw first), so each pair's summed times cancel what the first or
-    second place costs (on a virtual disk the second of two back-to-back writes often runs at a
-    fraction of the first's speed); the median over pairs drops a pair hit by another
-    process. ``len(ours) == len(raw)``, even."""
-    if len(ours) != len(raw) or len(ours) % 2:
-        raise ValueError("paired_ratio needs two series of the same even length")
-    pairs = [(raw[i] + raw[i + 1]) / (ours[i] + ours[i + 1]) for i in range(0, len(ours), 2)]
-    return statistics.median(pairs)
