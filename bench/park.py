@@ -31,7 +31,7 @@ for save and restore, issue 12 §5). Every repetition's time is in the JSON.
 Prints a Markdown table (headed by the command line) and saves it with the JSON under
 bench/results/ (``park-DATE-MACHINE.{md,json}``); the raw anchor is in bench/park_raw.py.
 
-Usage: PYTHONPATH=src .venv/bin/python bench/park.py [--sizes 1024,4096,8192] [--dir DIR] [--repeat 8]
+Usage: PYTHONPATH=src .venv/bin/python bench/park.py [--sizes 1024,4096,8192] [--dir DIR] [--repeat 16]
        [--random-weights] [--random-state] [--machine NAME] [--out DIR]
 (``--random-weights``: the bundled model's shape, random weights, no model file; ``--random-state``:
 random state bytes instead of a prefill. Neither changes the bytes saved and restored.)
@@ -207,7 +207,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1024,4096,8192")
     parser.add_argument("--dir", default=None, help="directory for the disk tier (default: a temp dir under bench/results)")
-    parser.add_argument("--repeat", type=int, default=8, help="an even number (see the order above)")
+    parser.add_argument("--repeat", type=int, default=16, help="an even number (see the order above)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--out", default=str(ROOT / "bench/results"), help="where the .md/.json go")
     parser.add_argument("--machine", default=None, help="machine name in the output file name")
