@@ -8,24 +8,31 @@ prefilled into the torch engine in-process), each repetition measures, interleav
 - RAM restore: ``install`` (engine state, held ids, checkpoints back);
 - disk save: ``SessionStore.save`` (safetensors + JSON, XXH3, temporary file, fsync, rename,
   directory fsync) and the raw write of as many bytes from a full-size buffer already in
-  memory (as the parked state is) in 8 MiB writes, fsync, to a new file in the same directory;
+  memory (as the parked state is) in 8 MiB writes, fsync, to a new file in the same directory
+  (each side deletes its previous file just before it writes: with both deleted first, the
+  second writer got most of the slow outliers, on a virtual machine whose freed pages are
+  reported to the host);
 - disk restore, cold: ``SessionStore.load`` + ``install`` (checksum verified while the state
-  is read straight into the engine's cache), and the raw read of the raw file in 8 MiB
-  ``readinto`` calls into a full-size buffer already touched (as the engine's cache is), each
-  file dropped from the page cache (``posix_fadvise(DONTNEED)`` after an fsync) just before
-  its own read, as each write follows the deletion of its side's previous file (with both
-  files dropped or deleted first, the second of the two reads or writes got most of the slow
-  outliers, on a virtual machine whose freed pages are reported to the host). The raw
-  side thus moves the same bytes between the same kinds of memory in the same pattern; only
-  the format, the checksum and the bookkeeping differ. The fraction of the file resident in the page cache just before each read
-  is measured (``mincore``) and printed, so the condition is shown, not assumed;
-- disk restore, warm: the same two reads again with the files left in the page cache
+  is read straight into the engine's cache), and the raw read of the same session file in
+  8 MiB ``readinto`` calls into a full-size buffer already touched (as the engine's cache is),
+  the file dropped from the page cache (``posix_fadvise(DONTNEED)`` after an fsync) just
+  before each of the two reads. The raw side thus moves the same bytes, from the same blocks
+  of the same file, between the same kinds of memory in the same pattern; only the format,
+  the checksum and the bookkeeping differ (a separate raw file read first after the writes ran
+  up to 2x slower here than the session file read first, or the reverse, whatever the reader:
+  where a file lies on a virtual disk matters). The fraction of the file resident in the page
+  cache just before each read is measured (``mincore``) and printed, so the condition is
+  shown, not assumed;
+- disk restore, warm: the same two reads again with the file left in the page cache
   (resident fraction printed too): what a restore of a file saved moments ago costs;
 - the prefill time of the same tokens (what a restore saves).
 
-The order alternates: even repetitions run ours first, odd ones the raw anchor first (on a
-virtual disk the second of two back-to-back writes often runs at a fraction of the first's
-speed, whichever it is), so ``--repeat`` is even and each side goes first equally often.
+The orders alternate in a 2 x 2 pattern: ours writes first in even repetitions, the raw
+anchor in odd ones; ours reads first in repetitions 0, 1 (mod 4), the raw read in 2, 3. So
+``--repeat`` is a multiple of 4, and each side writes first and reads first equally often,
+after either write order (on a virtual disk the second of two back-to-back writes often runs
+at a fraction of the first's speed, and the first read after the writes ran slower after the
+other file's write than after its own).
 GB/s = file bytes / median time (1 GB = 1e9 bytes); ``%`` = our GB/s / raw GB/s (target >= 80%
 for save and restore, issue 12 §5). Every repetition's time is in the JSON.
 Prints a Markdown table (headed by the command line) and saves it with the JSON under
@@ -124,8 +131,7 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
         assert install(gen, entry)
         times["ram_restore"].append(time.perf_counter() - t)
 
-        # Each side frees its own pages just before it needs new ones (its last file deleted,
-        # its file dropped from the page cache), so neither gets the pages the other freed.
+        # each side deletes its own last file just before it writes (see above)
         def save() -> None:
             if saved:
                 store._delete(saved.pop().key, "bench")
@@ -137,7 +143,8 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
             raw_path.unlink(missing_ok=True)
             times["raw_write"].append(raw_write(raw_path, source))  # as large as the last save
 
-        first_raw = rep % 2 == 1  # alternate which goes first, so order effects cancel
+        first_raw = rep % 2 == 1  # the 2 x 2 order pattern (see above)
+        read_raw_first = rep % 4 >= 2
         if first_raw:
             write_raw()
         save()
@@ -160,19 +167,19 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
 
         def read_raw(condition: str) -> None:
             if condition == "cold":
-                drop_cache(raw_path)
-            residency[f"{condition}_raw"].append(resident(raw_path))
-            times[f"{condition}_raw_read"].append(raw_read(raw_path, target))
+                drop_cache(saved[0].path)
+            residency[f"{condition}_raw"].append(resident(saved[0].path))
+            times[f"{condition}_raw_read"].append(raw_read(saved[0].path, target))
 
         for condition in ("cold", "warm"):
-            for step in ((read_raw, restore) if first_raw else (restore, read_raw)):
+            for step in ((read_raw, restore) if read_raw_first else (restore, read_raw)):
                 step(condition)
     store._delete(saved[0].key, "bench")
     raw_path.unlink()
     row = {"tokens": len(tokens), "state_bytes": nbytes, "file_bytes": file_bytes, "prefill_s": prefill_s}
     for name, values in times.items():
         row[f"{name}_s"] = statistics.median(values)
-        row[f"{name}_each_s"] = values  # in repetition order (even: ours first, odd: raw first)
+        row[f"{name}_each_s"] = values  # in repetition order (the order pattern above)
     for name, values in residency.items():
         row[f"{name}_resident"] = max(values) if name.startswith("cold") else min(values)
     return row
@@ -207,7 +214,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1024,4096,8192")
     parser.add_argument("--dir", default=None, help="directory for the disk tier (default: a temp dir under bench/results)")
-    parser.add_argument("--repeat", type=int, default=16, help="an even number (see the order above)")
+    parser.add_argument("--repeat", type=int, default=16, help="a multiple of 4 (see the orders above)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--out", default=str(ROOT / "bench/results"), help="where the .md/.json go")
     parser.add_argument("--machine", default=None, help="machine name in the output file name")
@@ -217,8 +224,8 @@ def main() -> int:
                         help="random state tensors instead of a prefill (same bytes, no prefill time)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    if args.repeat < 2 or args.repeat % 2:
-        parser.error("--repeat must be even (each side goes first in half the repetitions)")
+    if args.repeat < 4 or args.repeat % 4:
+        parser.error("--repeat must be a multiple of 4 (the 2 x 2 order pattern)")
 
     if args.random_weights:
         from redlite.core.byte_tokenizer import ByteTokenizer
@@ -252,7 +259,7 @@ def main() -> int:
     command = " ".join(["bench/park.py", *sys.argv[1:]])
     lines = [f"`{command}`: model {engine.model_id}, dtype "
              f"{str(engine.dtype).removeprefix('torch.')}, CPU, {os.cpu_count()} cores; medians of "
-             f"{args.repeat} (each side first in half of them); disk dir {base} ({platform.platform()}); load average "
+             f"{args.repeat} (each side first in half of them, for writes and reads); disk dir {base} ({platform.platform()}); load average "
              f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end.", "",
              "Page cache before each read (max over repetitions for cold, min for warm), "
              f"fraction of the file resident: {residency}.", "", *table(rows)]

@@ -63,11 +63,16 @@ def raw_write(path: Path, source: memoryview) -> float:
 
 
 def raw_read(path: Path, target: memoryview) -> float:
-    """Seconds to read the whole file into ``target`` (a full-size buffer already touched, as an
-    engine's cache is) in ``BLOCK`` ``readinto`` calls: the session reader's pattern."""
+    """Seconds to read the whole file into the start of ``target`` (a buffer at least as large,
+    already touched, as an engine's cache is) in ``BLOCK`` ``readinto`` calls: the session
+    reader's pattern."""
     started = time.perf_counter()
     with open(path, "rb", buffering=0) as f:
-        for begin in range(0, len(target), BLOCK):
+        size = os.fstat(f.fileno()).st_size
+        if size > len(target):
+            raise ValueError(f"a file of {size} bytes does not fit a buffer of {len(target)}")
+        target = target[:size]
+        for begin in range(0, size, BLOCK):
             view = target[begin:begin + BLOCK]
             got = 0
             while got < len(view):
@@ -78,10 +83,11 @@ def raw_read(path: Path, target: memoryview) -> float:
     return time.perf_counter() - started
 
 
-def full_buffers(nbytes: int) -> tuple[memoryview, memoryview]:
-    """(random source, zeroed target) of ``nbytes`` each, every page touched before timing."""
+def full_buffers(nbytes: int, spare: int = 1 << 20) -> tuple[memoryview, memoryview]:
+    """(random source of ``nbytes``, target of ``nbytes + spare``: room for files a little
+    larger), every page touched before timing."""
     import numpy as np
 
     source = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
-    target = np.ones(nbytes, dtype=np.uint8)
+    target = np.ones(nbytes + spare, dtype=np.uint8)
     return memoryview(source), memoryview(target)
