@@ -8,23 +8,37 @@ prefilled into the torch engine in-process), each repetition measures, interleav
 - RAM restore: ``install`` (engine state, held ids, checkpoints back);
 - disk save: ``SessionStore.save`` (safetensors + JSON, XXH3, temporary file, fsync, rename,
   directory fsync) and the raw write of as many bytes from a full-size buffer already in
-  memory (as the parked state is) in 8 MiB writes, fsync, to a new file in the same directory;
+  memory (as the parked state is) in 8 MiB writes, fsync, to a new file in the same directory
+  (each side deletes its previous file just before it writes: with both deleted first, the
+  second writer got most of the slow outliers, on a virtual machine whose freed pages are
+  reported to the host);
 - disk restore, cold: ``SessionStore.load`` + ``install`` (checksum verified while the state
-  is read straight into the engine's cache), and the raw read of the raw file in 8 MiB
-  ``readinto`` calls into a full-size buffer already touched (as the engine's cache is), each
-  file first dropped from the page cache (``posix_fadvise(DONTNEED)`` after an fsync). The raw
-  side thus moves the same bytes between the same kinds of memory in the same pattern; only
-  the format, the checksum and the bookkeeping differ. The fraction of the file resident in the page cache just before each read
-  is measured (``mincore``) and printed, so the condition is shown, not assumed;
-- disk restore, warm: the same two reads again with the files left in the page cache
+  is read straight into the engine's cache), and the raw read of the same session file in
+  8 MiB ``readinto`` calls into a full-size buffer already touched (as the engine's cache is),
+  the file dropped from the page cache (``posix_fadvise(DONTNEED)`` after an fsync) just
+  before each of the two reads. The raw side thus moves the same bytes, from the same blocks
+  of the same file, between the same kinds of memory in the same pattern; only the format,
+  the checksum and the bookkeeping differ (a separate raw file read first after the writes ran
+  up to 2x slower here than the session file read first, or the reverse, whatever the reader:
+  where a file lies on a virtual disk matters). The fraction of the file resident in the page
+  cache just before each read is measured (``mincore``) and printed, so the condition is
+  shown, not assumed;
+- disk restore, warm: the same two reads again with the file left in the page cache
   (resident fraction printed too): what a restore of a file saved moments ago costs;
 - the prefill time of the same tokens (what a restore saves).
 
-GB/s = file bytes / time (1 GB = 1e9 bytes); ``%`` = session GB/s / raw GB/s (target >= 80%
-for save and restore, issue 12 §5). Medians of ``--repeat``. Prints a Markdown table and
-saves it with the JSON under bench/results/ (``park-DATE-MACHINE.{md,json}``).
+The orders alternate in a 2 x 2 pattern: ours writes first in even repetitions, the raw
+anchor in odd ones; ours reads first in repetitions 0, 1 (mod 4), the raw read in 2, 3. So
+``--repeat`` is a multiple of 4, and each side writes first and reads first equally often,
+after either write order (on a virtual disk the second of two back-to-back writes often runs
+at a fraction of the first's speed, and the first read after the writes ran slower after the
+other file's write than after its own).
+GB/s = file bytes / median time (1 GB = 1e9 bytes); ``%`` = our GB/s / raw GB/s (target >= 80%
+for save and restore, issue 12 §5). Every repetition's time is in the JSON.
+Prints a Markdown table (headed by the command line) and saves it with the JSON under
+bench/results/ (``park-DATE-MACHINE.{md,json}``); the raw anchor is in bench/park_raw.py.
 
-Usage: PYTHONPATH=src .venv/bin/python bench/park.py [--sizes 1024,4096,8192] [--dir DIR] [--repeat 5]
+Usage: PYTHONPATH=src .venv/bin/python bench/park.py [--sizes 1024,4096,8192] [--dir DIR] [--repeat 16]
        [--random-weights] [--random-state] [--machine NAME] [--out DIR]
 (``--random-weights``: the bundled model's shape, random weights, no model file; ``--random-state``:
 random state bytes instead of a prefill. Neither changes the bytes saved and restored.)
@@ -33,10 +47,8 @@ random state bytes instead of a prefill. Neither changes the bytes saved and res
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import json
-import mmap
 import os
 import platform
 import statistics
@@ -47,85 +59,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from park_raw import drop_cache, full_buffers, raw_read, raw_write, resident  # noqa: E402
 
 from redlite.core.live_state import capture, install  # noqa: E402
 from redlite.core.generation import Generator, GeneratorSettings  # noqa: E402
 from redlite.core.sessions import SessionStore, expected_for  # noqa: E402
-
-BLOCK = 8 << 20
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def resident(path: Path) -> float:
-    """Fraction of ``path``'s pages in the page cache now (``mincore`` of a mapping)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-    try:
-        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-        vec = (ctypes.c_ubyte * pages)()
-        address = _map_address(m)
-        if _libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vec) != 0:
-            raise OSError(ctypes.get_errno(), "mincore failed")
-        return sum(v & 1 for v in vec) / pages
-    finally:
-        m.close()
-
-
-def _map_address(m: mmap.mmap) -> int:
-    """Start address of a read-only mapping (through the buffer protocol, no copy)."""
-    import numpy as np
-
-    array = np.frombuffer(m, dtype=np.uint8)
-    address = array.ctypes.data
-    del array
-    return address
-
-
-def raw_write(path: Path, source: memoryview) -> float:
-    """Seconds to write all of ``source`` (a full-size buffer already in memory, as a parked
-    state is) to a new file in ``BLOCK`` writes, fsync included: the session writer's pattern."""
-    started = time.perf_counter()
-    with open(path, "wb", buffering=0) as f:
-        for begin in range(0, len(source), BLOCK):
-            f.write(source[begin:begin + BLOCK])
-        os.fsync(f.fileno())
-    return time.perf_counter() - started
-
-
-def raw_read(path: Path, target: memoryview) -> float:
-    """Seconds to read the whole file into ``target`` (a full-size buffer already touched, as an
-    engine's cache is) in ``BLOCK`` ``readinto`` calls: the session reader's pattern."""
-    started = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        for begin in range(0, len(target), BLOCK):
-            view = target[begin:begin + BLOCK]
-            got = 0
-            while got < len(view):
-                n = f.readinto(view[got:])
-                if not n:
-                    raise OSError("short read")
-                got += n
-    return time.perf_counter() - started
-
-
-def full_buffers(nbytes: int) -> tuple[memoryview, memoryview]:
-    """(random source, zeroed target) of ``nbytes`` each, every page touched before timing."""
-    import numpy as np
-
-    source = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
-    target = np.ones(nbytes, dtype=np.uint8)
-    return memoryview(source), memoryview(target)
-
 
 # SmolLM2-135M's shape (the bundled model): --random-weights builds it without the model file
 SMOLLM2_135M = dict(model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -180,6 +120,7 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
     raw_path = store.directory / "raw-speed.bin"
     nbytes = file_bytes = 0
     source = target = None  # full-size raw buffers, made once the file size is known
+    saved: list = []  # the session file of the last repetition
     for rep in range(repeat):
         t = time.perf_counter()
         entry = capture(gen, "bench", time.time())
@@ -190,23 +131,32 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
         assert install(gen, entry)
         times["ram_restore"].append(time.perf_counter() - t)
 
+        # each side deletes its own last file just before it writes (see above)
         def save() -> None:
+            if saved:
+                store._delete(saved.pop().key, "bench")
             t = time.perf_counter()
             saved.append(store.save(entry))
             times["disk_save"].append(time.perf_counter() - t)
 
-        saved: list = []
-        first_raw = rep % 2 == 1  # alternate which goes first, so order effects cancel
-        if first_raw:
+        def write_raw() -> None:
+            raw_path.unlink(missing_ok=True)
             times["raw_write"].append(raw_write(raw_path, source))  # as large as the last save
+
+        first_raw = rep % 2 == 1  # the 2 x 2 order pattern (see above)
+        read_raw_first = rep % 4 >= 2
+        if first_raw:
+            write_raw()
         save()
         file_bytes = saved[0].nbytes
         if source is None:
             source, target = full_buffers(file_bytes)
         if not first_raw:
-            times["raw_write"].append(raw_write(raw_path, source))
+            write_raw()
 
         def restore(condition: str) -> None:
+            if condition == "cold":
+                drop_cache(saved[0].path)
             residency[f"{condition}_session"].append(resident(saved[0].path))
             engine.reset()
             t = time.perf_counter()
@@ -216,20 +166,20 @@ def measure(gen: Generator, store: SessionStore, tokens: list[int], repeat: int,
             assert gen.held_ids == tokens and engine.n_past == len(tokens)
 
         def read_raw(condition: str) -> None:
-            residency[f"{condition}_raw"].append(resident(raw_path))
-            times[f"{condition}_raw_read"].append(raw_read(raw_path, target))
-
-        for condition in ("cold", "warm"):
             if condition == "cold":
                 drop_cache(saved[0].path)
-                drop_cache(raw_path)
-            for step in ((read_raw, restore) if first_raw else (restore, read_raw)):
+            residency[f"{condition}_raw"].append(resident(saved[0].path))
+            times[f"{condition}_raw_read"].append(raw_read(saved[0].path, target))
+
+        for condition in ("cold", "warm"):
+            for step in ((read_raw, restore) if read_raw_first else (restore, read_raw)):
                 step(condition)
-        store._delete(saved[0].key, "bench")
-        raw_path.unlink()
+    store._delete(saved[0].key, "bench")
+    raw_path.unlink()
     row = {"tokens": len(tokens), "state_bytes": nbytes, "file_bytes": file_bytes, "prefill_s": prefill_s}
     for name, values in times.items():
         row[f"{name}_s"] = statistics.median(values)
+        row[f"{name}_each_s"] = values  # in repetition order (the order pattern above)
     for name, values in residency.items():
         row[f"{name}_resident"] = max(values) if name.startswith("cold") else min(values)
     return row
@@ -264,7 +214,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1024,4096,8192")
     parser.add_argument("--dir", default=None, help="directory for the disk tier (default: a temp dir under bench/results)")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=16, help="a multiple of 4 (see the orders above)")
     parser.add_argument("--model", default=None)
     parser.add_argument("--out", default=str(ROOT / "bench/results"), help="where the .md/.json go")
     parser.add_argument("--machine", default=None, help="machine name in the output file name")
@@ -274,6 +224,8 @@ def main() -> int:
                         help="random state tensors instead of a prefill (same bytes, no prefill time)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.repeat < 4 or args.repeat % 4:
+        parser.error("--repeat must be a multiple of 4 (the 2 x 2 order pattern)")
 
     if args.random_weights:
         from redlite.core.byte_tokenizer import ByteTokenizer
@@ -304,11 +256,10 @@ def main() -> int:
     residency = ", ".join(f"{r['tokens']}: cold session/raw {r['cold_session_resident']:.0%}/"
                           f"{r['cold_raw_resident']:.0%}, warm {r['warm_session_resident']:.0%}/"
                           f"{r['warm_raw_resident']:.0%}" for r in rows)
-    options = " ".join(f"--{k.replace('_', '-')}" for k in ("random_weights", "random_state")
-                       if getattr(args, k))
-    lines = [f"bench/park.py {options}: model {engine.model_id}, dtype "
-             f"{str(engine.dtype).removeprefix('torch.')}, CPU, {os.cpu_count()} cores; median of "
-             f"{args.repeat}; disk dir {base} ({platform.platform()}); load average "
+    command = " ".join(["bench/park.py", *sys.argv[1:]])
+    lines = [f"`{command}`: model {engine.model_id}, dtype "
+             f"{str(engine.dtype).removeprefix('torch.')}, CPU, {os.cpu_count()} cores; medians of "
+             f"{args.repeat} (each side first in half of them, for writes and reads); disk dir {base} ({platform.platform()}); load average "
              f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end.", "",
              "Page cache before each read (max over repetitions for cold, min for warm), "
              f"fraction of the file resident: {residency}.", "", *table(rows)]
@@ -320,6 +271,7 @@ def main() -> int:
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")
     (out / f"{name}.json").write_text(json.dumps({
         "model": engine.model_id, "dtype": str(engine.dtype), "repeat": args.repeat, "rows": rows,
+        "command": command,
         "platform": platform.platform(), "loadavg": load}, indent=2))
     print(f"\nsaved {out / name}.{{md,json}}")
     return 0

@@ -46,6 +46,30 @@ def test_restore_fills_the_cache_in_place_and_matches(weights, tmp_path):
     assert torch.equal(target.engine.decode(5), source.engine.decode(5))
 
 
+def test_the_file_is_unmapped_once_the_restored_entry_is_dropped(weights, tmp_path):
+    """No entry -> fill -> entry cycle: the mapping goes with the entry (reference counting),
+    not at a later garbage collection that would free the file's pages in whatever runs then."""
+    import gc
+
+    _, store, saved = saved_conversation(weights, tmp_path)
+    target = generator(weights)
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as f:
+            return any(str(saved.path) in line for line in f)
+
+    gc.disable()
+    try:
+        entry = store.load(saved.key)
+        assert mapped()
+        assert install(target, entry) and entry.fill is None
+        del entry
+        assert not mapped()
+    finally:
+        gc.enable()
+    assert target.engine.n_past == 23
+
+
 def test_a_flipped_byte_is_refused_during_the_fill_and_the_engine_reset(weights, tmp_path, caplog):
     caplog.set_level(logging.INFO)
     _, store, saved = saved_conversation(weights, tmp_path)
