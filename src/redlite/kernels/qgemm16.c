@@ -18,6 +18,11 @@
 #define ROWS 32  /* rows per task: two 16-lane groups */
 #define TT 6     /* tokens per micro-tile */
 
+/* 32 unsigned byte codes -> 32 int16 at c */
+static inline void widen_u8(__m256i v, int16_t *c) {
+    _mm512_storeu_si512(c, _mm512_cvtepu8_epi16(v));
+}
+
 /* One row as value j = scale[j / 32] * c[j] + min[j / 32] (c: integer codes). */
 static void row_codes(int fmt, const uint8_t *w, int n, int16_t *c, float *scale, float *min) {
     if (fmt == Q4_0 || fmt == Q4_1 || fmt == Q8_0) {
@@ -27,28 +32,25 @@ static void row_codes(int fmt, const uint8_t *w, int n, int16_t *c, float *scale
             scale[b] = d;
             if (fmt == Q8_0) {
                 min[b] = 0.f;
-                for (int i = 0; i < 32; i++) c[i] = (int8_t)w[2 + i];
+                _mm512_storeu_si512(c, _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(w + 2))));
                 continue;
             }
             min[b] = fmt == Q4_1 ? h2f(w + 2) : -8.f * d;
-            const uint8_t *q = w + stride - 16;
-            for (int i = 0; i < 16; i++) { c[i] = q[i] & 15; c[i + 16] = q[i] >> 4; }
+            widen_u8(nibbles16(w + stride - 16), c);
         }
         return;
     }
     int five = fmt == Q5_K;
     for (int b = 0; b < n / 256; b++, w += five ? 176 : 144) {
         float d = h2f(w), dmin = h2f(w + 2), sc, m;
-        const uint8_t *qh = w + 16, *q = w + (five ? 48 : 16);
-        for (int j = 0; j < 8; j++, c += 32) {
+        for (int j = 0; j < 8; j++) {
             scale_min_k4(j, w + 4, &sc, &m);
             scale[8 * b + j] = d * sc;
             min[8 * b + j] = -dmin * m;
-            for (int l = 0; l < 32; l++) {
-                int v = (q[32 * (j / 2) + l] >> (4 * (j & 1))) & 15;
-                if (five) v |= ((qh[l] >> j) & 1) << 4;
-                c[l] = (int16_t)v;
-            }
+        }
+        for (int j = 0; j < 4; j++, c += 64) {
+            widen_u8(codes_q45_k(w, five, j, 0), c);
+            widen_u8(codes_q45_k(w, five, j, 1), c + 32);
         }
     }
 }
@@ -94,30 +96,60 @@ static void tile(const gemm_job *j, const int32_t *ca, const int32_t *cb, const 
     }
 }
 
+/* r[i] (row i of a 16 x 16 int32 matrix) -> r[i] = column i */
+static inline void transpose16(__m512i *r) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {  /* u[i + c], 128-bit lane l: column 4l + c of rows i..i+3 */
+        u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512i a0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), a1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+        __m512i b0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), b1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+        r[c] = _mm512_shuffle_i32x4(a0, b0, 0x88);
+        r[4 + c] = _mm512_shuffle_i32x4(a0, b0, 0xDD);
+        r[8 + c] = _mm512_shuffle_i32x4(a1, b1, 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(a1, b1, 0xDD);
+    }
+}
+
 static void gemm_task(void *arg, int64_t begin, int64_t end) {
     const gemm_job *j = (const gemm_job *)arg;
     int n = j->n, nb = n / 32;
-    /* per 16-row group: codes [n / 2 pairs][16 rows] int32, scales and mins [nb][16] */
+    /* per 16-row group: codes [n / 2 pairs][16 rows] int32, scales and mins [nb][16]; then the
+     * 16 rows' codes in order (int16 [16][n]) and one row's scales and mins */
     size_t code_bytes = (size_t)n / 2 * 16 * 4, f_bytes = (size_t)nb * 16 * 4;
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, (2 * (code_bytes + 2 * f_bytes) + (size_t)n * 2 + (size_t)nb * 8 + 127) / 64 * 64);
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, (2 * (code_bytes + 2 * f_bytes) + (size_t)n * 32 + (size_t)nb * 8 + 127) / 64 * 64);
     int32_t *codes[2] = {(int32_t *)buf, (int32_t *)(buf + code_bytes)};
     float *scales[2] = {(float *)(buf + 2 * code_bytes), (float *)(buf + 2 * code_bytes + f_bytes)};
     float *mins[2] = {scales[1] + nb * 16, scales[1] + 2 * nb * 16};
     int16_t *c = (int16_t *)(mins[1] + nb * 16);
-    float *sc = (float *)(c + n), *mn = sc + nb;
+    float *sc = (float *)(c + 16 * (size_t)n), *mn = sc + nb;
     for (int64_t chunk = begin; chunk < end; chunk++) {
         int64_t r0 = chunk * ROWS;
         for (int r = 0; r < ROWS; r++) {
             int g = r / 16, lane = r % 16;
             int64_t row = r0 + r, first = 0;
             const part_t *pt = NULL;
+            int16_t *cr = c + (size_t)lane * n;
             for (int p = 0; p < j->n_parts && row < j->rows; first += j->parts[p].rows, p++)
                 if (row < first + j->parts[p].rows) { pt = j->parts + p; break; }
-            if (pt) row_codes(pt->fmt, pt->data + (row - first) * pt->row_bytes, n, c, sc, mn);
-            else { memset(c, 0, (size_t)n * 2); memset(sc, 0, nb * 4); memset(mn, 0, nb * 4); }
-            const uint32_t *pairs = (const uint32_t *)c;
-            for (int p = 0; p < n / 2; p++) codes[g][16 * p + lane] = (int32_t)pairs[p];
+            if (pt) row_codes(pt->fmt, pt->data + (row - first) * pt->row_bytes, n, cr, sc, mn);
+            else { memset(cr, 0, (size_t)n * 2); memset(sc, 0, nb * 4); memset(mn, 0, nb * 4); }
             for (int b = 0; b < nb; b++) { scales[g][16 * b + lane] = sc[b]; mins[g][16 * b + lane] = mn[b]; }
+            if (lane < 15) continue;
+            for (int p0 = 0; p0 < n / 2; p0 += 16) {  /* 16 rows x 16 pairs -> [pair][row] */
+                __m512i v[16];
+                for (int i = 0; i < 16; i++) v[i] = _mm512_loadu_si512(c + (size_t)i * n + 2 * p0);
+                transpose16(v);
+                for (int i = 0; i < 16; i++) _mm512_store_si512(codes[g] + 16 * (p0 + i), v[i]);
+            }
         }
         int64_t left = j->rows - r0;
         __mmask16 ka = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
