@@ -19,7 +19,7 @@ random Q4_K weights, written once by ``bench/random_gguf.py`` into the cache). l
 binaries are looked for at ``--llama-bin``, on ``PATH`` and in
 ``~/.cache/redlite/llama.cpp/build/bin``; ``bench/build_llamacpp.sh`` builds them there.
 ``--save`` writes ``bench/results/cpu-DATE-MACHINE.{md,json}`` (a later run of the same day
-adds its models to the file).
+adds its models to the file; ``--machine`` names it, by default the host name).
 """
 
 from __future__ import annotations
@@ -246,6 +246,8 @@ def main() -> None:
                              "ones, as llama.cpp computes them")
     parser.add_argument("--llama-bin", help="folder holding llama-bench and llama-server")
     parser.add_argument("--save", action="store_true")
+    parser.add_argument("--machine", default=platform.node(),
+                        help="the machine's name in the results file (default: the host name)")
     parser.add_argument("--report", type=Path, help="only re-render the markdown of a saved JSON result")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -263,7 +265,7 @@ def main() -> None:
     except SystemExit:
         server = None
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": platform.node(), "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
+           "machine": args.machine, "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
            "command": "PYTHONPATH=src python bench/cpu.py " + " ".join(sys.argv[1:]),
            "load_average_start": load_average(), "models": {}}
     for name in args.models.split(","):

@@ -6,7 +6,8 @@ block), for each format the kernels take. Checked: dequantization equals
 :func:`float32_error_bound` (float32 rounding) of the exact product of the dequantized weight;
 the 8- and 16-bit-activation products equal the float64 product of the dequantized weight and
 the rounded activations up to float32 rounding, and stay within
-:func:`activation_rounding_bound` of the float32 product with the exact activations.
+:func:`activation_rounding_bound` of the float32 product with the exact activations; the
+many-token 16-bit product (AVX512-VNNI CPUs) equals the one-token one up to float32 rounding.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from redlite.kernels import native
-from redlite.layers.quant_weight import (KERNEL_FORMATS, SMALL_BATCH, QuantTensor, QuantWeight,
+from redlite.layers.quant_weight import (GEMM_FORMATS, KERNEL_FORMATS, SMALL_BATCH, QuantTensor, QuantWeight,
                                          ACTIVATION_LEVELS, activation_rounding_bound, float32_error_bound)
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler / AVX2 for the kernels")
@@ -132,3 +133,22 @@ def test_zero_activations_give_zero() -> None:
     for activations in ACTIVATION_LEVELS:
         weight = QuantWeight([random_blocks("Q4_1", 8, 256)], activations)
         assert torch.equal(weight.linear(torch.zeros(1, 256)), torch.zeros(1, 8))
+
+
+@pytest.mark.skipif(not native.has_vnni512(), reason="the many-token q16 kernel needs AVX512-VNNI")
+@pytest.mark.parametrize("qtype", GEMM_FORMATS)
+def test_q16_prefill_equals_the_q16_rows(qtype: str) -> None:
+    # 45 rows: a ragged last group of 16 rows; 11 tokens: a ragged last tile; a second part
+    cols = 512
+    blocks = [random_blocks(qtype, 29, cols, 8), random_blocks("Q8_0" if qtype != "Q8_0" else "Q4_1", 16, cols, 9)]
+    weight = QuantWeight(blocks, "q16", prefill="q16")
+    assert weight.prefill == "q16"
+    x = torch.randn(11, cols, generator=torch.Generator().manual_seed(10))
+    x[3, 64:96] = 0  # an all-zero block
+    bias = torch.randn(45)
+    got = weight.linear(x, bias)
+    want = torch.cat([weight.linear(x[t:t + 1], bias) for t in range(x.shape[0])])
+    dense = torch.cat([torch.from_numpy(b.dequantize()) for b in blocks])
+    scale = (dense.abs() @ x.abs().T).T
+    assert bool(((got - want).abs() <= 1e-5 * scale + 1e-6).all()), qtype
+    assert QuantWeight([random_blocks("Q6_K", 8, cols)], prefill="q16").prefill == "float32"

@@ -1,10 +1,12 @@
 """The bundled SmolLM2-135M (Q4_1 GGUF) kept quantized against its float32 dequantization.
 
 The reference is the same file with every tensor dequantized at load
-(``load_hf_model(keep_quantized=False)``): the former float32 path. Prefill multiplies by the
-dequantized weights, as the reference does; one-token products go through the quantized kernels
-on 16-bit activations (the default) or float32 ones (bounded per product in
-test_quant_kernels.py). Either way the greedy text of the regression prompts must not change.
+(``load_hf_model(keep_quantized=False)``): the former float32 path. One-token products go
+through the quantized kernels on 16-bit activations (the default) or float32 ones (bounded per
+product in test_quant_kernels.py); prefill products go on the same 16-bit activations where the
+CPU has AVX512-VNNI (the default there), else, and in the float32 case, by the dequantized
+weights as the reference does. Either way the greedy text of the regression prompts must not
+change.
 """
 
 from __future__ import annotations
@@ -71,12 +73,16 @@ def test_weights_stay_quantized(engines) -> None:
 
 
 def _use(engine: TorchEngine, activations: str) -> None:
-    """Decode ``engine``'s quantized products on ``activations``."""
+    """Decode ``engine``'s quantized products on ``activations`` (and prefill on float32 ones
+    with float32 activations, else on the default form)."""
     from redlite.layers.cpu_decode import FusedDecode
+
+    from redlite.layers.quant_weight import PREFILL_ACTIVATIONS
 
     for module in engine.model.modules():
         if getattr(module, "is_quantized", False):
             module.activations = activations
+            module.prefill = "float32" if activations == "float32" else PREFILL_ACTIVATIONS
     engine.model._fused_decode = FusedDecode.build(engine.model, activations=activations)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 log = logging.getLogger("redlite.kernels")
 
-SOURCES = ("qmatmul.c", "qmatvec.c", "qmatvec16.c", "decode_step.c", "pool.c")
+SOURCES = ("qmatmul.c", "qmatvec.c", "qmatvec16.c", "qgemm16.c", "decode_step.c", "pool.c")
 HEADERS = ("gguf_blocks.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fPIC", "-shared", "-std=gnu11")
 _reason: str | None = None
@@ -49,6 +49,12 @@ def _cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+def has_vnni512() -> bool:
+    """True when the CPU has the AVX-512 subsets qgemm16.c is compiled for (F, BW, DQ, VL and
+    VNNI): only then may ``qgemm_q16x`` be called."""
+    return {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"} <= _cpu_flags()
 
 
 def _cache_dir() -> Path:
@@ -136,6 +142,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.decode_batch.restype = None
     lib.dequant_parts.argtypes = [p, i, i, vp]
     lib.dequant_parts.restype = None
+    lib.qgemm_q16x.argtypes = [p, i, vp, i, i, vp, i64]
+    lib.qgemm_q16x.restype = None
     lib.dequant_rows.argtypes = [p, vp, i64, i, vp]
     lib.dequant_rows.restype = None
     lib.quantize_q8.argtypes = [vp, i, vp]

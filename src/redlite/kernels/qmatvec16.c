@@ -83,6 +83,27 @@ static inline void q4_k_pair(const uint8_t *raw, const int16_t *xe0, const int16
                            _mm256_madd_epi16(hi_odd, _mm256_loadu_si256((const __m256i *)(xe1 + 16))));
 }
 
+/* The 8 int32 sums of p[0..7]'s lanes, as one vector (lane k: the sum of p[k]) */
+static inline __m256i sum8(const __m256i *p) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* The 8 6-bit scales and mins of a Q4_K/Q5_K block's 12 packed bytes q, as floats */
+static inline void scales_mins_k4(const uint8_t *q, __m256 *sc, __m256 *mn) {
+    uint32_t u[4];
+    memcpy(u, q, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+    uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+    u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+    u[2] = mins_lo;
+    u[0] &= 0x3f3f3f3f;
+    __m128i v = _mm_loadu_si128((const __m128i *)u);  /* bytes 0-7: scales, 8-15: mins */
+    *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+    *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+}
+
 /* sum over 32 values of codes (as 2 x 16 int16) times x, as 8 int32 lanes */
 static inline __m256i madd32(__m256i lo16, __m256i hi16, const int16_t *x) {
     return _mm256_add_epi32(_mm256_madd_epi16(lo16, _mm256_loadu_si256((const __m256i *)x)),
@@ -123,16 +144,15 @@ static float dot16_row(int fmt, const uint8_t *w, x16 x, int n) {
         break;
     case Q4_K:
         for (int b = 0; b < n / 256; b++, w += 144) {
-            float d = h2f(w), dmin = h2f(w + 2), scs[8], mins[8];
-            for (int s = 0; s < 8; s++) scale_min_k4(s, w + 4, scs + s, mins + s);
-            for (int j = 0; j < 4; j++) {
-                int k = 8 * b + 2 * j;
-                __m256i p0, p1;
-                q4_k_pair(w + 16 + 32 * j, x.qe + 32 * k, x.qe + 32 * (k + 1), &p0, &p1);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * scs[2 * j] * x.d[k]), _mm256_cvtepi32_ps(p0), acc);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * scs[2 * j + 1] * x.d[k + 1]), _mm256_cvtepi32_ps(p1), acc);
-                off -= dmin * (mins[2 * j] * x.sx[k] + mins[2 * j + 1] * x.sx[k + 1]);
-            }
+            int k0 = 8 * b;
+            __m256i p[8];
+            for (int j = 0; j < 4; j++)
+                q4_k_pair(w + 16 + 32 * j, x.qe + 32 * (k0 + 2 * j), x.qe + 32 * (k0 + 2 * j + 1), p + 2 * j, p + 2 * j + 1);
+            __m256 sc, mn;
+            scales_mins_k4(w + 4, &sc, &mn);
+            __m256 dx = _mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(h2f(w))), _mm256_loadu_ps(x.d + k0));
+            acc = _mm256_fmadd_ps(dx, _mm256_cvtepi32_ps(sum8(p)), acc);
+            acc = _mm256_fnmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(h2f(w + 2))), _mm256_loadu_ps(x.sx + k0), acc);
         }
         break;
     case Q5_K:
