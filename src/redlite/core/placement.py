@@ -8,8 +8,11 @@ idle slots (each holding its resident conversation, or nothing), a request takes
    that prefix is at least half of what the slot holds (:data:`FORK_SHARE`: a fork of that
    conversation, a regenerate or an edit); a smaller shared prefix (a common system prompt)
    is cheaper to prefill elsewhere than the resident conversation is to park and bring back;
-2. on a tie: a slot that loses nothing (empty, or extended), then the slot of the request's
-   session key, then the least recently used.
+2. on a tie: a slot that loses nothing (empty, or extended); then, among slots that would be
+   cut anyway, the one sharing the longest prefix with the prompt (a regenerate of a long
+   answer rewinds its own slot rather than cutting an unrelated conversation and prefilling
+   the prompt again); then the slot of the request's session key, then the least recently
+   used.
 
 The chosen slot's generator then runs today's candidate step
 (:meth:`redlite.core.conversations.Conversations.select`): a parked conversation with a longer
@@ -48,10 +51,11 @@ def slot_rank(view: SlotView, prompt: Sequence[int], session_key: str | None) ->
     common = common_prefix_length(view.held_ids, prompt) if held else 0
     usable = usable_prefix(held, common, len(prompt), view.can_rewind, view.checkpoints)
     loses = held > usable
+    shared = usable
     if loses and usable < FORK_SHARE * held:
         usable = 0
     same_session = session_key is not None and session_key == view.session_key
-    return usable, not loses, same_session, -view.last_used
+    return usable, not loses, shared, same_session, -view.last_used
 
 
 def choose_slot(views: Sequence[SlotView], prompt: Sequence[int],
