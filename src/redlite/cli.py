@@ -76,10 +76,11 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=positive_int, default=1,
                        help="conversations generated at once, their decode steps batched (default 1: "
                             "one at a time); each has its own slot of engine state")
-    parser.add_argument("--no-decode-ahead", dest="decode_ahead", action="store_false",
-                       help="with --parallel: wait for every conversation's stop/tool scan before the next "
-                            "batched step (default: the next step runs while they scan; a token that ends "
-                            "an answer is taken back)")
+    parser.add_argument("--decode-ahead", choices=["auto", "on", "off"], default="auto",
+                       help="with --parallel: run the next batched step while the conversations' stop/tool "
+                            "scans of the previous token run (a token that ends an answer is taken back); "
+                            "auto (default): on where the engine computes on a GPU, off on CPU, where the "
+                            "scans and the kernels share the cores")
     parser.add_argument("--prefill-chunk", type=positive_int, default=512,
                        help="most prompt tokens per prefill step; a request that is cancelled "
                             "(client gone, shutdown) stops between steps")

@@ -221,12 +221,14 @@ def _view(lane: _Lane) -> SlotView:
 
 
 def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16,
-                    decode_ahead: bool = True) -> Scheduler | None:
+                    decode_ahead: bool | None = None) -> Scheduler | None:
     """A :class:`Scheduler` of ``parallel`` slots: ``generator``'s engine and
     ``parallel - 1`` new slots of it (``Engine.new_slot``), generators with its tokenizer,
     settings and parking (whole entries only, run on the executor). None when the engine cannot
     make slots (the caller runs one sequence at a time). ``decode_ahead``: see
-    :mod:`redlite.core.executor_stream` (off: ``--no-decode-ahead``)."""
+    :mod:`redlite.core.executor_stream` (``--decode-ahead``); None: on where the engine computes on
+    an accelerator, off on CPU, where the lanes' scans and the kernels share the cores (it
+    measured slower there: ``bench/results/concurrent-*-vm-epyc*``)."""
     from redlite.engine.base import EngineError
 
     pool = generator.engine
@@ -235,6 +237,8 @@ def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16,
     except EngineError as error:
         log.warning("--parallel %d: %s; serving one sequence at a time", parallel, error)
         return None
+    if decode_ahead is None:
+        decode_ahead = getattr(getattr(pool, "device", None), "type", "cpu") != "cpu"
     executor = EngineExecutor(pool, decode_ahead=decode_ahead)
     parking = generator.parking
     if parking is not None:
@@ -244,5 +248,5 @@ def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16,
         gen = Generator(SlotProxy(engine, executor), generator.tokenizer, generator.settings)
         gen.parking = ExecutorParking(parking, executor) if parking is not None else None
         generators.append(gen)
-    log.info("%d sequence slots (one batched decode)", parallel)
+    log.info("%d sequence slots (one batched decode, decode ahead %s)", parallel, "on" if decode_ahead else "off")
     return Scheduler(generators, executor, max_queue)

@@ -128,7 +128,7 @@ def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
     worker = None
     if getattr(args, "parallel", 1) > 1:
         worker = build_scheduler(generator, args.parallel, max_queue=args.queue,
-                                 decode_ahead=getattr(args, "decode_ahead", True))
+                                 decode_ahead={"on": True, "off": False}.get(getattr(args, "decode_ahead", "auto")))
     if worker is None:
         worker = EngineWorker(generator, max_queue=args.queue)
     slots = None
