@@ -105,6 +105,7 @@ class EngineExecutor:
 
     @property
     def running(self) -> bool:
+        """Whether the executor thread still runs calls (False once :meth:`close` has ended it)."""
         return self._thread.is_alive()
 
     def post_locked(self, proxy: "SlotProxy", token_id: int, future: Future) -> None:

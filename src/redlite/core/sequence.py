@@ -26,9 +26,8 @@ from redlite.core.checkpoints import CheckpointStore
 class Sequence:
     """One slot's conversation (see module docstring). engine: the slot (an
     :class:`~redlite.engine.base.Engine`, or a proxy forwarding to one). last_used: when its
-    last request ended (``time.monotonic`` seconds; placement evicts the least recent);
-    used_at: the same moment in seconds since the epoch (what ``GET /v1/conversations``
-    shows, as for parked and stored conversations), set by :meth:`touch`."""
+    last request ended (``time.monotonic`` seconds; placement evicts the least recent), set by
+    :meth:`touch`; :attr:`used_at`: the same moment in seconds since the epoch."""
 
     engine: Any
     checkpoints: CheckpointStore
@@ -38,9 +37,14 @@ class Sequence:
     hits: int = 0
     answer_start: int | None = None
     last_used: float = field(default_factory=time.monotonic)
-    used_at: float = field(default_factory=time.time)
 
     def touch(self) -> None:
         """Mark the conversation used now (a request on it ended)."""
-        self.last_used, self.used_at = time.monotonic(), time.time()
+        self.last_used = time.monotonic()
+
+    @property
+    def used_at(self) -> float:
+        """:attr:`last_used` in seconds since the epoch (what ``GET /v1/conversations`` shows,
+        as for parked and stored conversations)."""
+        return time.time() - (time.monotonic() - self.last_used)
 

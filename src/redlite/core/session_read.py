@@ -136,9 +136,8 @@ def open_state_file(path: str | os.PathLike, expected: Expected) -> StateFile:
     base = 8 + n
 
     def prefetch(begin: int, end: int) -> None:
-        """Start reading ``[begin, end)`` of the mapping ahead (for the mapped path only: the
-        whole file read ahead while :meth:`StateFile.fill` reads it too doubled a cold
-        restore's time on a virtual disk)."""
+        """Start reading ``[begin, end)`` of the mapping ahead (for the mapped path only: a
+        whole-file read-ahead would compete with :meth:`StateFile.fill`'s own reads)."""
         if begin < end:
             start = begin & ~(mmap.PAGESIZE - 1)
             mapped.madvise(mmap.MADV_WILLNEED, start, end - start)

@@ -101,8 +101,7 @@ class SessionStore(SessionIndex):
 
         def fill(engine: Any) -> bool:
             parked.fill = None  # called once; no entry -> fill -> entry cycle, so the file's
-            # mapping goes with the entry, not at some later garbage collection (~0.2 s for 4k
-            # tokens, the deleted file's pages and blocks freed then, in whatever runs)
+            # mapping goes with the entry, not at some later garbage collection
             targets = engine.restore_targets(len(parked.held_ids))
             if not targets:
                 state.start_verify()  # verified while the engine copies the mapped state

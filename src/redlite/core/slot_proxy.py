@@ -55,8 +55,10 @@ class _RemoteSampler(Sampler):
 class SlotProxy:
     """One slot of the pool as its generator sees it: the :class:`~redlite.engine.base.Engine`
     interface of ``target``, every call run on ``executor``'s thread (decodes in batches),
-    attributes read directly. No token streams: tokens are sampled per sequence on the host
-    (the same seed and request give the same output whatever else runs)."""
+    attributes read directly. Tokens are sampled per sequence on the host with the request's
+    own sampler (the same seed and request give the same output whatever else runs), after
+    each batch (:meth:`presample`) or, with the executor's ``decode_ahead``, by a
+    :meth:`token_stream` that feeds them into the next batch at once."""
 
     def __init__(self, target: Engine, executor: EngineExecutor) -> None:
         self.target = target
@@ -107,8 +109,8 @@ class SlotProxy:
     def plain_greedy(self) -> bool:
         """Whether this slot's next token is a greedy pick of its token stream, which the
         executor makes for the whole batch at once (:meth:`picked`). Host-sampled slots keep
-        sampling one by one: on the H200 the lanes then wake one after another while the next
-        slot's id is read, which measured faster than waking them all at once."""
+        sampling one by one (their lanes wake one after another; see
+        ``bench/results/concurrent-2026-12-02-nvidia-h200-host-greedy-batch.md``)."""
         return self.stream is not None and self.stream.greedy
 
     def picked(self, logits: Any, token: int) -> None:

@@ -22,7 +22,7 @@ GGUF file and run on CPU; :func:`redlite.layers.linear.linear_kernel`'s function
   ``"q16"`` (where the CPU has AVX512-VNNI and every part is in :data:`GEMM_FORMATS`; other
   weights take ``"float32"``): the activations rounded as for ``"q16"`` decode and the codes
   times them summed exactly in int32 (``qgemm_q16x``, codes decoded once per call for all
-  tokens): decode's arithmetic, about 1.5-2x faster than the float32 product here.
+  tokens): decode's arithmetic, and faster than the float32 product (``bench/cpu.py``).
   ``"float32"``: the weight is dequantized to float32 (C, multi-threaded) for the call and
   multiplied by the dense kernel: the float32 reference's result.
 """

@@ -6,9 +6,8 @@ its own position and its own KV cache. The caches are separate tensors (one
 :class:`~redlite.layers.kv_cache.KVCache` per slot, ``data`` ``[layers, 2, Hkv, max_tokens,
 D]`` contiguous, all of one shape), so the kernel finds sequence b's cache through a table of
 base addresses (:func:`cache_bases`); a layer's keys are ``layer * data.stride(0)`` elements
-past the base and its values ``data.stride(1)`` further. One launch per layer replaces B
-launches of the single-sequence kernel, which dominated the batched step's time (288 small
-launches per token for 8 sequences of a 36-layer model).
+past the base and its values ``data.stride(1)`` further. One launch per layer (plus the
+split combine) replaces B launches of the single-sequence kernel and its combine.
 
 Each row is computed exactly as the single-sequence kernel computes it alone with the same
 number of key slices (same per-slice order, same combine), so the batched step stays

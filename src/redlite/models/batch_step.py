@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from redlite.layers.linear import embedding
-from redlite.layers.norm import rms_norm, zero_centered_rms_norm
+from redlite.layers.norm import zero_centered_rms_norm
 from redlite.models.batch_decode import batch_linear, swiglu_batch
 from redlite.models.qwen3_5_config import LINEAR
 
