@@ -31,12 +31,12 @@ def model():
 
 
 @contextlib.contextmanager
-def model_app(model, parallel: int):
+def model_app(model, parallel: int, decode_ahead: bool | None = None):
     engine, tokenizer = model
     engine.reset()
     generator = Generator(engine, tokenizer, GeneratorSettings(prefill_chunk=64))
     generator.parking = Conversations(ParkingPool(64 << 20, 8), None)
-    worker = build_scheduler(generator, parallel, 8) if parallel > 1 else EngineWorker(generator, 8)
+    worker = build_scheduler(generator, parallel, 8, decode_ahead) if parallel > 1 else EngineWorker(generator, 8)
     assert worker is not None, "the torch engine makes sequence slots"
     state = ServerState(worker, tokenizer, engine.model_id, engine.max_context)
     try:
@@ -76,7 +76,10 @@ async def two_turns(client, question: str, stream: bool) -> tuple[list[str], int
     return [first, second], cached
 
 
-def test_four_conversations_at_once_match_each_alone(model):
+@pytest.mark.parametrize("decode_ahead", [None, True])
+def test_four_conversations_at_once_match_each_alone(model, decode_ahead):
+    """(decode_ahead None: off on CPU; True: the executor's token streams, greedy picks fed
+    back as ``PICKED``)"""
     async def together(app):
         async with async_client(app) as client:
             return await asyncio.gather(*(two_turns(client, q, i % 2 == 1)
@@ -86,7 +89,7 @@ def test_four_conversations_at_once_match_each_alone(model):
         async with async_client(app) as client:
             return [await two_turns(client, q, i % 2 == 1) for i, q in enumerate(QUESTIONS)]
 
-    with model_app(model, 4) as (app, worker):
+    with model_app(model, 4, decode_ahead) as (app, worker):
         got = asyncio.run(asyncio.wait_for(together(app), 600))
         assert worker.executor.batched_tokens > worker.executor.batches  # batched decode ran
     with model_app(model, 1) as (app, _):

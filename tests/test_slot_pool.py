@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from redlite.engine.base import EngineError
+from redlite.engine.base import PICKED, EngineError
 from redlite.engine.batch_graphs import BatchGraphs
 from redlite.engine.torch_engine import TorchEngine
 from redlite.kernels import native
@@ -58,14 +58,18 @@ def prompts(vocab: int, lengths=(5, 11, 1, 23)) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
-def run_pool(model, feeds: list[list[int]], steps: int, ctx: int = 96, graphs: bool = False) -> tuple[list, list]:
+def run_pool(model, feeds: list[list[int]], steps: int, ctx: int = 96, graphs: bool = False,
+             picks: bool = False, device: str = "cpu") -> tuple[list, list]:
     """Greedy decode of every prompt: (a) all slots of one pool through ``decode_batch`` with
     slots joining late (the last one starts ``steps // 2`` steps in); (b) each alone on its own
     engine. ``graphs``: engines with ``cuda_graphs`` (on CPU: the graph steps run eagerly, the
-    batch through :class:`BatchGraphs`). Returns the logits of both, per prompt, per step."""
-    pool = TorchEngine(model, ctx_size=ctx, device="cpu", cuda_graphs=graphs)
+    batch through :class:`BatchGraphs`). ``picks``: after each batch the pool picks greedily
+    (``greedy_batch_async``) and the next batch feeds ``PICKED`` for those slots (a late
+    joiner's first token and a shrinking set mix picks with host ids). Returns the logits of
+    both, per prompt, per step. ``device``: where the model is (float32)."""
+    pool = TorchEngine(model, ctx_size=ctx, device=device, cuda_graphs=graphs)
     slots = [pool] + [pool.new_slot() for _ in feeds[1:]]
-    alone = [TorchEngine(model, ctx_size=ctx, device="cpu", cuda_graphs=graphs) for _ in feeds]
+    alone = [TorchEngine(model, ctx_size=ctx, device=device, cuda_graphs=graphs) for _ in feeds]
     want = []
     for engine, ids in zip(alone, feeds):
         logits = [engine.prefill(ids)]
@@ -73,7 +77,7 @@ def run_pool(model, feeds: list[list[int]], steps: int, ctx: int = 96, graphs: b
             logits.append(engine.decode(int(logits[-1].argmax())))
         want.append(logits)
     got: list[list] = [[] for _ in feeds]
-    late = len(feeds) - 1
+    late, picked = len(feeds) - 1, set()
     for i, (slot, ids) in enumerate(zip(slots, feeds)):
         if i != late:
             got[i].append(slot.prefill(ids))
@@ -81,9 +85,14 @@ def run_pool(model, feeds: list[list[int]], steps: int, ctx: int = 96, graphs: b
         if step == steps // 2:
             got[late].append(slots[late].prefill(feeds[late]))
         active = [i for i in range(len(feeds)) if got[i] and len(got[i]) <= steps]
-        rows = pool.decode_batch([slots[i] for i in active], [int(got[i][-1].argmax()) for i in active])
+        tokens = [PICKED if i in picked else int(got[i][-1].argmax()) for i in active]
+        rows = pool.decode_batch([slots[i] for i in active], tokens)
         for i, row in zip(active, rows):
             got[i].append(row)
+        if picks:
+            handle = pool.greedy_batch_async([slots[i] for i in active], rows)
+            assert handle.ids() == [int(row.argmax()) for row in rows]
+            picked = set(active)
     assert isinstance(pool._shared.get("batch_graphs"), BatchGraphs) == graphs
     return got, want
 
@@ -109,6 +118,31 @@ def test_llama_dense_batch_equals_alone():
 def test_llama_graph_step_batch_equals_alone():
     got, want = run_pool(make_llama(), prompts(96), steps=10, graphs=True)
     assert_same(got, want, exact=False)
+
+
+def test_llama_graph_step_fed_device_picks_equals_alone():
+    got, want = run_pool(make_llama(), prompts(96), steps=10, graphs=True, picks=True)
+    assert_same(got, want, exact=False)
+
+
+def test_llama_fused_step_fed_picks_equals_alone():
+    got, want = run_pool(make_llama(), prompts(96), steps=6, picks=True)
+    assert_same(got, want, exact=False)
+
+
+def test_hybrid_graph_step_fed_device_picks_equals_alone():
+    got, want = run_pool(make_hybrid(), prompts(120), steps=8, graphs=True, picks=True)
+    assert_same(got, want, exact=False)
+
+
+def test_picked_without_a_pick_is_refused():
+    pool = TorchEngine(make_llama(), ctx_size=32, device="cpu", cuda_graphs=True)
+    other = pool.new_slot()
+    pool.prefill([1, 2])
+    other.prefill([3])
+    with pytest.raises(EngineError, match="no pending pick"):
+        pool.decode_batch([pool, other], [PICKED, 4])
+    assert pool.n_past == 2 and other.n_past == 1
 
 
 def test_hybrid_graph_step_batch_equals_alone():
@@ -221,7 +255,7 @@ def test_batch_graphs_capture_only_steady_sets(monkeypatch):
     graphs = BatchGraphs(model, a.state, use_graphs=True, capture_after=3)
     pool._shared["batch_graphs"] = graphs
     captured = []
-    monkeypatch.setattr(graphs, "_capture", lambda key, states, span, host: captured.append(len(states)))
+    monkeypatch.setattr(graphs, "_capture", lambda key, states, span, tokens, pos: captured.append(len(states)))
     for slots in ([a, b], [a, c], [a, b], [a, c], [b, c], [b, c]):
         pool.decode_batch(slots, [4] * len(slots))
     assert captured == []

@@ -10,9 +10,19 @@ import torch
 from redlite.engine.batch_graphs import BatchGraphs
 from redlite.engine.torch_engine import TorchEngine
 from test_hybrid_decode import make_model as make_hybrid
-from test_slot_pool import make_llama, prompts
+from test_slot_pool import assert_same, make_llama, prompts, run_pool
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("kind", ["llama", "hybrid"])
+def test_device_picks_feed_the_next_graph_step(kind):
+    """Greedy picks left on the device and fed back as PICKED (slots joining late, the set
+    shrinking: gathered picks mixed with host ids) give each prompt's tokens alone, float32."""
+    model, vocab = (make_llama(), 96) if kind == "llama" else (make_hybrid(), 120)
+    got, want = run_pool(model.to("cuda"), prompts(vocab, lengths=(5, 11, 1, 23, 7)), steps=12,
+                         graphs=True, picks=True, device="cuda")
+    assert_same(got, want, exact=False, tol=1e-3)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-3), (torch.bfloat16, 0.1)])

@@ -37,6 +37,7 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from redlite.engine.base import Engine, EngineError, Sampler
+from redlite.engine.picks import resolve_picks
 
 log = logging.getLogger("redlite.executor")
 
@@ -216,32 +217,35 @@ class EngineExecutor:
         proxies = sorted(batch, key=lambda proxy: proxy.order)
         tokens = [batch[p][0] for p in proxies]
         futures = [batch[p][1] for p in proxies]
+        targets = [p.target for p in proxies]
         try:
             if len(proxies) == 1:
-                results = [proxies[0].target.decode(tokens[0])]
+                results = [targets[0].decode(resolve_picks(targets, tokens)[0])]
             else:
-                results = self.pool.decode_batch([p.target for p in proxies], tokens)
+                results = self.pool.decode_batch(targets, tokens)
             self.batches += 1
             self.batched_tokens += len(proxies)
         except EngineError:  # a full context refused before any change: slot by slot
             for proxy, token, future in zip(proxies, tokens, futures):
-                _settle(future, lambda: proxy.presample(proxy.target.decode(token)))
+                _settle(future, lambda: proxy.presample(
+                    proxy.target.decode(resolve_picks([proxy.target], [token])[0])))
             return
         except BaseException as error:  # noqa: BLE001 - every slot in the batch hears of it
             log.exception("decode batch of %d slots failed", len(proxies))
             for future in futures:
                 future.set_exception(error)
             return
-        greedy = [i for i, proxy in enumerate(proxies) if proxy.plain_greedy]
-        picked: dict[int, int] = {}
-        if len(greedy) > 1:  # one read back for all of them, not one per slot
+        greedy = [i for i, proxy in enumerate(proxies) if proxy.plain_greedy] if len(proxies) > 1 else []
+        handle = None
+        if greedy:  # picked together, left on the device: the next step is queued without waiting
             try:
-                picked = dict(zip(greedy, self.pool.greedy_batch([results[i] for i in greedy])))
+                handle = self.pool.greedy_batch_async([targets[i] for i in greedy], [results[i] for i in greedy])
             except Exception:  # noqa: BLE001 - each slot samples its own row instead
                 log.exception("batched greedy pick failed")
+        rows = {index: row for row, index in enumerate(greedy)} if handle is not None else {}
         for index, (proxy, future, result) in enumerate(zip(proxies, futures, results)):
-            if index in picked:
-                proxy.picked(result, picked[index])
+            if index in rows:
+                proxy.stream.on_pick(handle, rows[index])
             else:
                 proxy.presample(result)
             future.set_result(result)

@@ -12,6 +12,12 @@ which samples each slot's token right after the step (:meth:`on_logits`), then p
 token into the next batch at once, and the lane reads, detokenizes and scans it while the
 device runs that step.
 
+In a batch of several slots the greedy picks stay on the device
+(:meth:`~redlite.engine.base.Engine.greedy_batch_async`): a stream whose next token is such
+a pick feeds :data:`~redlite.engine.picks.PICKED`, so the executor queues the next step
+before the device has finished this one, and the lane reads the id when it arrives
+(:meth:`on_pick`).
+
 Exactness is the token loop's (:class:`~redlite.core.token_loop.StreamLoop`): at most one fed
 token is unconfirmed; a token that ends the answer is taken back with :meth:`undo` (the
 posted decode is withdrawn if it has not run, else the slot rewinds one token), so it never
@@ -27,6 +33,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from redlite.engine.base import EngineError, SamplingParams, TokenStream
+from redlite.engine.picks import PICKED, PickHandle
 
 READ_POLL_S = 0.5  # how often a waiting read checks that the executor is still running
 
@@ -40,8 +47,10 @@ class ExecutorTokenStream(TokenStream):
 
     def __init__(self, proxy, params: SamplingParams, logits: Any):
         self.proxy, self.executor = proxy, proxy.executor
-        self._tokens: queue.SimpleQueue = queue.SimpleQueue()  # sampled ids (or errors), oldest first
+        # sampled ids, (PickHandle, row) of picks still on the device, or errors; oldest first
+        self._tokens: queue.SimpleQueue = queue.SimpleQueue()
         self._unfed: int | None = None  # the newest sampled id, not fed yet
+        self._on_device = False  # the newest token is a pick on the device, not fed yet
         self._credit = False  # feed the next sampled id as soon as it exists
         self.position = proxy.target.n_past
         self.greedy = bool(params.greedy)
@@ -62,8 +71,7 @@ class ExecutorTokenStream(TokenStream):
         self.on_token(token)
 
     def on_token(self, token: int) -> None:
-        """The next token, sampled (greedy streams: by the executor for the whole batch at
-        once, :meth:`~redlite.engine.base.Engine.greedy_batch`); fed into the next batch at
+        """The next token, sampled on the host (:meth:`on_logits`); fed into the next batch at
         once when the lane has already granted it (:meth:`feed`)."""
         with self.executor.lock:
             if self._credit:
@@ -72,6 +80,18 @@ class ExecutorTokenStream(TokenStream):
             else:
                 self._unfed = token
         self._tokens.put(token)
+
+    def on_pick(self, handle: PickHandle, row: int) -> None:
+        """After a batch step: this slot's next token is row ``row`` of ``handle``, still on the
+        device; fed (as :data:`PICKED`) into the next batch at once when the lane has granted
+        it, else when it does (:meth:`feed`)."""
+        with self.executor.lock:
+            if self._credit:
+                self._credit = False
+                self._post(PICKED)
+            else:
+                self._on_device = True
+        self._tokens.put((handle, row))
 
     def on_error(self, future: Future) -> None:
         """A posted decode failed: the lane's read raises its error."""
@@ -92,6 +112,9 @@ class ExecutorTokenStream(TokenStream):
             if self._unfed is not None:
                 token, self._unfed = self._unfed, None
                 self._post(token)
+            elif self._on_device:
+                self._on_device = False
+                self._post(PICKED)
             else:
                 self._credit = True
         self.position += 1
@@ -106,12 +129,15 @@ class ExecutorTokenStream(TokenStream):
                 continue
             if isinstance(item, BaseException):
                 raise item
+            if isinstance(item, tuple):
+                handle, row = item
+                return handle.ids()[row]
             return item
 
     def undo(self) -> None:
         """Take back the last feed: withdraw its decode if it has not run, else rewind one."""
         with self.executor.lock:
-            self._credit, self._unfed = False, None
+            self._credit, self._unfed, self._on_device = False, None, False
             ran = not self.executor.withdraw_locked(self.proxy)
         if ran:
             target = self.proxy.target

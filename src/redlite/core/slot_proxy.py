@@ -108,14 +108,11 @@ class SlotProxy:
     @property
     def plain_greedy(self) -> bool:
         """Whether this slot's next token is a greedy pick of its token stream, which the
-        executor makes for the whole batch at once (:meth:`picked`). Host-sampled slots keep
+        executor makes for the whole batch at once (leaving them on the device:
+        :meth:`~redlite.core.executor_stream.ExecutorTokenStream.on_pick`). Host-sampled slots keep
         sampling one by one (their lanes wake one after another; see
         ``bench/results/concurrent-2026-12-02-nvidia-h200-host-greedy-batch.md``)."""
         return self.stream is not None and self.stream.greedy
-
-    def picked(self, logits: Any, token: int) -> None:
-        """On the executor thread: the batch's greedy pick for this slot's ``logits``."""
-        self.stream.on_token(token)
 
     def presample(self, logits: Any) -> Any:
         """On the executor thread, after this slot's decode: sample its next token now (the

@@ -19,11 +19,12 @@ from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from redlite.engine.errors import EngineError
+from redlite.engine.picks import PICKED, PickHandle, mark_picks, resolve_picks
 from redlite.engine.sampler import Sampler, TokenStream
 from redlite.engine.sampling_params import SamplingParams, TokenLogprob
 from redlite.engine.state import Checkpoint, StateSnapshot, has_end_state, range_of
 
-__all__ = ["Checkpoint", "Engine", "EngineError", "Sampler", "SamplingParams", "StateSnapshot",
+__all__ = ["PICKED", "Checkpoint", "Engine", "EngineError", "PickHandle", "Sampler", "SamplingParams", "StateSnapshot",
            "TokenLogprob", "TokenStream", "has_end_state", "range_of"]
 
 
@@ -78,8 +79,10 @@ class Engine(ABC):
         """One decode step over ``len(slots)`` distinct slots of this pool: feed ``token_ids[i]``
         after ``slots[i]``'s held tokens (each ``n_past`` grows by 1) and return each slot's
         logits of its next position, in order -- the same values (greedy: the same argmax) as
-        ``slots[i].decode(token_ids[i])`` alone. Raises :class:`EngineError` on a full context
-        of any slot, before changing any state. Default: a loop over :meth:`decode`."""
+        ``slots[i].decode(token_ids[i])`` alone. A token may be
+        :data:`~redlite.engine.picks.PICKED`: the slot's pick of :meth:`greedy_batch_async`.
+        Raises :class:`EngineError` on a full context of any slot, before changing any state.
+        Default: a loop over :meth:`decode`."""
         if len(slots) != len(token_ids):
             raise EngineError(f"{len(slots)} slots but {len(token_ids)} tokens")
         if len({id(slot) for slot in slots}) != len(slots):
@@ -87,6 +90,7 @@ class Engine(ABC):
         for slot in slots:
             if slot.n_past + 1 > slot.max_context:
                 raise EngineError(f"context overflow: {slot.n_past} + 1 > {slot.max_context}")
+        token_ids = resolve_picks(slots, token_ids)
         return [slot.decode(token_id) for slot, token_id in zip(slots, token_ids)]
 
     def rewind(self, n_tokens: int) -> None:
@@ -110,6 +114,13 @@ class Engine(ABC):
         to read all the ids back at once."""
         sampler = self.make_sampler(SamplingParams(temperature=0.0))
         return [int(sampler.sample(row)) for row in rows]
+
+    def greedy_batch_async(self, slots: Sequence["Engine"], rows: Sequence[Any]) -> PickHandle:
+        """:meth:`greedy_batch` of ``rows`` (the logits of ``slots``' last decode) as a
+        :class:`~redlite.engine.picks.PickHandle`, each slot marked with its pick, so that
+        :meth:`decode_batch` may take :data:`~redlite.engine.picks.PICKED` for it next.
+        Engines on a device return before the ids reach the host. Default: picked now."""
+        return mark_picks(slots, PickHandle(self.greedy_batch(rows)))
 
     def token_stream(self, params: SamplingParams, logits: Any) -> TokenStream | None:
         """A :class:`TokenStream` sampling with ``params`` from ``logits`` (the logits at

@@ -65,11 +65,13 @@ class BatchGraphs:
     def n_graphs(self) -> int:
         return len(self._graphs)
 
-    def step(self, states: Sequence, token_ids: Sequence[int]) -> torch.Tensor:
+    def step(self, states: Sequence, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Feed ``token_ids[b]`` at ``states[b].n_past`` (room checked by the caller; every
-        state has this pool's ``max_tokens``). Returns float32 logits ``[B, vocab]`` (with a
-        graph: its static buffer, overwritten by the next replay; copy it to keep it).
-        ``n_past`` is left to the caller. Call under ``torch.inference_mode()``."""
+        state has this pool's ``max_tokens``); ``token_ids`` host ints or an int64 ``[B]``
+        tensor on the device. Returns float32 logits ``[B, vocab]`` (with a graph: its static
+        buffer, overwritten by the next replay; copy it to keep it). Nothing here waits for the
+        device (host values travel from pinned memory). ``n_past`` is left to the caller.
+        Call under ``torch.inference_mode()``."""
         positions = [int(s.n_past) for s in states]
         span = choose_span(max(positions) + 1, self.spans)
         if not self.ops.length_from_pos:
@@ -77,17 +79,24 @@ class BatchGraphs:
         key = (tuple(id(s) for s in states), span)
         self._streak = self._streak + 1 if key == self._last_key else 1
         self._last_key = key
-        host = torch.tensor([list(token_ids), positions], dtype=torch.long)
+        pinned = self.device.type == "cuda"
+        if isinstance(token_ids, torch.Tensor):
+            host = torch.tensor(positions, dtype=torch.long, pin_memory=pinned)
+            tokens_in, pos_in = token_ids, host
+        else:
+            host = torch.tensor([list(token_ids), positions], dtype=torch.long, pin_memory=pinned)
+            tokens_in, pos_in = host[0], host[1]
         entry = self._graphs.get(key)
         if entry is None and self.use_graphs and self._streak >= self.capture_after:
-            entry = self._capture(key, states, span, host)
+            entry = self._capture(key, states, span, tokens_in, pos_in)
         if entry is None:
-            tokens, pos = host.to(self.device).unbind(0)
+            tokens = tokens_in.to(self.device, non_blocking=True)
+            pos = pos_in.to(self.device, non_blocking=True)
             return batch_decode_step(self.model, tokens, pos, states, span, self.ops)
         self._graphs.move_to_end(key)
         graph, tokens, pos, logits, _states = entry
-        tokens.copy_(host[0])
-        pos.copy_(host[1])
+        tokens.copy_(tokens_in, non_blocking=True)
+        pos.copy_(pos_in, non_blocking=True)
         graph.replay()
         return logits
 
@@ -99,13 +108,13 @@ class BatchGraphs:
                 state.cache.data[:, :, :, state.n_past:].zero_()
                 self._finite.add(state)
 
-    def _capture(self, key, states, span: int, host: torch.Tensor):
+    def _capture(self, key, states, span: int, tokens_in: torch.Tensor, pos_in: torch.Tensor):
         """Warm up on a side stream (Triton compiles, cuBLAS picks kernels), put back what the
         warm-up changed (recurrent states; the KV rows it wrote are written again identically
         by the replay that follows), then capture. A failure is logged and the set runs
         eagerly (None)."""
-        tokens = host[0].to(self.device)
-        pos = host[1].to(self.device)
+        tokens = tokens_in.to(self.device, copy=True)
+        pos = pos_in.to(self.device, copy=True)
         saved = [s.export_recurrent() if hasattr(s, "export_recurrent") else None for s in states]
         try:
             stream = torch.cuda.Stream(self.device)

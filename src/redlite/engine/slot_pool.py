@@ -31,6 +31,7 @@ from typing import Sequence
 import torch
 
 from redlite.engine.base import Engine, EngineError
+from redlite.engine.picks import PICKED, PickHandle, mark_picks, pick_of, resolve_picks
 
 log = logging.getLogger("redlite.engine")
 
@@ -70,20 +71,85 @@ def decode_batch(engine, slots: Sequence[Engine], token_ids: Sequence[int]) -> l
             raise EngineError("decode_batch takes slots of this engine's pool only")
         if slot.n_past >= slot.max_context:
             raise EngineError(f"context overflow: ctx_size {slot.max_context} tokens held")
-        if not 0 <= int(token_id) < engine.vocab_size:
+        if int(token_id) == PICKED:
+            pick_of(slot)
+        elif not 0 <= int(token_id) < engine.vocab_size:
             raise EngineError(f"token id {token_id} out of range [0, {engine.vocab_size})")
+    graphs = batch_graphs(engine) if len(slots) > 1 and supports_batch(engine.model) else None
+    if graphs is None:
+        token_ids = resolve_picks(slots, token_ids)
     if len(slots) <= 1 or not supports_batch(engine.model):
         return [slot.decode(int(token_id)) for slot, token_id in zip(slots, token_ids)]
-    ids, states = [int(t) for t in token_ids], [slot.state for slot in slots]
+    states = [slot.state for slot in slots]
     with torch.inference_mode():
-        graphs = batch_graphs(engine)
         if graphs is None:
-            logits = forward_batch(engine.model, ids, states)
+            logits = forward_batch(engine.model, [int(t) for t in token_ids], states)
         else:
-            logits = graphs.step(states, ids)
+            logits = graphs.step(states, device_tokens(slots, token_ids, graphs.device))
             for state in states:
                 state.n_past += 1
     return [row.clone() for row in logits]  # normal tensors (not inference ones), as decode gives
+
+
+class DevicePicks(PickHandle):
+    """Greedy ids of a batch left where the logits are: ``tokens`` (int64 ``[B]`` on their
+    device, fed by :func:`device_tokens`); on CUDA copied to pinned host memory behind the step
+    and read after its event (on CPU read directly)."""
+
+    def __init__(self, rows: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        with torch.inference_mode():
+            self.tokens = torch.stack(list(rows)).argmax(dim=-1)
+            self._event = None
+            if self.tokens.device.type == "cuda":
+                self._host = torch.empty(self.tokens.shape, dtype=torch.int64, pin_memory=True)
+                self._host.copy_(self.tokens, non_blocking=True)
+                self._event = torch.cuda.Event()
+                self._event.record()
+
+    def _read(self) -> list[int]:
+        if self._event is None:
+            return self.tokens.tolist()
+        self._event.synchronize()
+        return self._host.tolist()
+
+
+def greedy_batch_async(engine, slots: Sequence[Engine], rows: Sequence[torch.Tensor]) -> PickHandle:
+    """:meth:`Engine.greedy_batch_async`: :class:`DevicePicks` (on CUDA nothing waits for the
+    step) when the pool's batched steps run through :class:`BatchGraphs` (they can take the
+    picks as a tensor); else the ids are read at once."""
+    if not rows or batch_graphs(engine) is None:
+        return mark_picks(slots, PickHandle(engine.greedy_batch(rows)))
+    return mark_picks(slots, DevicePicks(rows))
+
+
+def device_tokens(slots: Sequence[Engine], token_ids: Sequence[int], device) -> torch.Tensor | list[int]:
+    """``token_ids`` for a batched step: a plain list when every id is on the host; else an
+    int64 ``[B]`` tensor on ``device`` assembled there (the :data:`PICKED` rows gathered from
+    their :class:`DevicePicks`, host ids copied from pinned memory without waiting)."""
+    picks = [pick_of(slot) if int(t) == PICKED else None for slot, t in zip(slots, token_ids)]
+    if all(p is None for p in picks):
+        return [int(t) for t in token_ids]
+    if any(p is not None and not isinstance(p[0], DevicePicks) for p in picks):
+        return resolve_picks(slots, token_ids)
+    first = picks[0][0] if picks[0] is not None else None
+    if first is not None and all(p is not None and p[0] is first and p[1] == row for row, p in enumerate(picks)) \
+            and first.tokens.numel() == len(picks):
+        return first.tokens  # the same slots in the same order as the step that picked them
+    pinned = torch.device(device).type == "cuda"
+    host = torch.tensor([0 if p is not None else int(t) for p, t in zip(picks, token_ids)],
+                        dtype=torch.int64, pin_memory=pinned)
+    tokens = host.to(device, non_blocking=True)
+    by_handle: dict = {}
+    for row, pick in enumerate(picks):
+        if pick is not None:
+            by_handle.setdefault(id(pick[0]), (pick[0], [], []))
+            by_handle[id(pick[0])][1].append(row)
+            by_handle[id(pick[0])][2].append(pick[1])
+    for handle, rows, sources in by_handle.values():
+        index = torch.tensor([rows, sources], dtype=torch.int64, pin_memory=pinned).to(device, non_blocking=True)
+        tokens[index[0]] = handle.tokens[index[1]]
+    return tokens
 
 
 def batch_graphs(engine):

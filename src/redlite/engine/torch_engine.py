@@ -165,6 +165,13 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
         with torch.inference_mode():
             return torch.stack(list(rows)).argmax(dim=-1).tolist()
 
+    def greedy_batch_async(self, slots: Sequence[Engine], rows: Sequence[torch.Tensor]):
+        """:meth:`Engine.greedy_batch_async` (:func:`redlite.engine.slot_pool.greedy_batch_async`:
+        on CUDA nothing waits for the step)."""
+        from redlite.engine.slot_pool import greedy_batch_async
+
+        return greedy_batch_async(self, slots, rows)
+
     def graph_decoder(self):
         """The :class:`~redlite.engine.cuda_graphs.GraphDecoder` (built on first use), or None
         when this engine decodes eagerly (or its decoder failed to build: logged, eager from
