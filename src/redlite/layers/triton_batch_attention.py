@@ -56,18 +56,20 @@ def batch_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            norm_weight: torch.Tensor | None, eps: float, bases: torch.Tensor, like,
                            layer: int, n_heads: int, n_kv_heads: int, head_dim: int, window: int | None,
                            n_splits: int, gated: bool = False,
-                           k_norm_weight: torch.Tensor | None = None) -> torch.Tensor:
+                           k_norm_weight: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
     """Attention of B tokens of B sequences: ``qkv`` [B, width] (row b as
     :func:`~redlite.layers.triton_decode.decode_attention` takes it, contiguous rows),
     ``pos`` LongTensor [B] (sequence b's position), ``bases`` from :func:`cache_bases` for the
     B caches, ``like`` one of those caches (shape and strides; every cache has them), ``layer``
     the cache layer index. Writes each token's k/v into its own cache at its position; returns
     [B, H, D] in qkv's dtype (``gated``: times sigmoid(gate), as the single-sequence kernel).
-    Norms, rotary and windows as :func:`~redlite.layers.triton_decode.decode_attention`."""
+    Norms, rotary and windows as :func:`~redlite.layers.triton_decode.decode_attention`.
+    ``config``: launch settings (``block_n``, ``num_warps``, ``num_stages``) overriding
+    :func:`~redlite.layers.triton_decode.attn_config` (benchmarks)."""
     batch = qkv.shape[0]
     if pos.numel() != batch or bases.numel() != batch or not qkv.is_contiguous():
         raise ValueError(f"batched attention: qkv {tuple(qkv.shape)}, pos {pos.numel()}, bases {bases.numel()}")
-    config = td.attn_config(head_dim)
+    config = {**td.attn_config(head_dim), **(config or {})}
     group = n_heads // n_kv_heads
     data = like.data
     keys, values = like.keys[layer], like.values[layer]
