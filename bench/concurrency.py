@@ -195,7 +195,12 @@ def main() -> int:
             result["ttft"]["alone"].append(ttft_round(server.url, context, rep, False, args.max_tokens))
             result["ttft"]["with_sub_agent"].append(ttft_round(server.url, context, rep, True,
                                                                args.max_tokens))
-        result["log_tail"] = server.log().splitlines()[-20:]
+        lines = server.log().splitlines()
+        result["log_tail"] = lines[-20:]
+        result["log_problems"] = [line for line in lines if " WARNING " in line or " ERROR " in line
+                                  or "Traceback" in line][:40]
+        result["log_batches"] = [line for line in lines if "decode batches" in line][-40:]
+        result["log_warmup"] = [line for line in lines if "warm-up" in line]
     result["load_after"] = os.getloadavg()
     write(result, counts, Path(args.out))
     return 0

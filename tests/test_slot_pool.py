@@ -262,3 +262,24 @@ def test_batch_graphs_capture_only_steady_sets(monkeypatch):
     pool.decode_batch([b, c], [5, 5])
     assert captured == [2]
     assert (a.n_past, b.n_past, c.n_past) == (7, 8, 8)
+
+
+def test_slot_warm_up_leaves_every_slot_empty_and_decoding_as_fresh():
+    """warm_up_slots (run on CPU here): every batch size and a device-picks step run, each
+    slot's graph decoder is built, every slot ends empty, and a pool decodes afterwards as a
+    fresh one does."""
+    from redlite.engine.warmup import warm_up_slots
+
+    got = []
+    for warm in (True, False):
+        pool = TorchEngine(make_llama(), ctx_size=64, device="cpu", cuda_graphs=True)
+        slots = [pool] + [pool.new_slot() for _ in range(3)]
+        if warm:
+            assert warm_up_slots(slots, devices=("cpu",)) > 0
+            assert all(slot.n_past == 0 for slot in slots)
+            assert all(slot._graph_decoder is not None for slot in slots[1:])
+        for i, slot in enumerate(slots):
+            slot.prefill([1 + i, 2, 3])
+        rows = pool.decode_batch(slots, [4, 5, 6, 7])
+        got.append(torch.stack(rows))
+    assert torch.allclose(got[0], got[1], atol=1e-5)

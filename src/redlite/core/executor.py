@@ -66,6 +66,7 @@ class EngineExecutor:
         self._owed = 0  # calls to run before the next batch
         self.batches = 0
         self.batched_tokens = 0
+        self._timing = _BatchTiming()
         self._thread = threading.Thread(target=self._loop, name="engine-executor", daemon=True)
         self._thread.start()
 
@@ -214,6 +215,7 @@ class EngineExecutor:
     def _run_batch(self, batch: dict) -> None:
         # slots in a stable order (their making), not posting order: an engine keys what it
         # prepares for a set of slots (a CUDA graph) by their order
+        started = time.perf_counter()
         proxies = sorted(batch, key=lambda proxy: proxy.order)
         tokens = [batch[p][0] for p in proxies]
         futures = [batch[p][1] for p in proxies]
@@ -249,6 +251,27 @@ class EngineExecutor:
             else:
                 proxy.presample(result)
             future.set_result(result)
+        self._timing.add(len(proxies), started, time.perf_counter())
+
+
+class _BatchTiming:
+    """Every ``every`` batches, a debug log line: mean slots per batch, mean host time of a
+    batch call (launch, picks, hand-over) and mean time from one batch's start to the next."""
+
+    def __init__(self, every: int = 200) -> None:
+        self.every, self.n, self.slots, self.busy, self.first, self.last = every, 0, 0, 0.0, 0.0, 0.0
+
+    def add(self, slots: int, started: float, ended: float) -> None:
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        if self.n == 0:
+            self.first = started
+        self.n, self.slots, self.busy, self.last = self.n + 1, self.slots + slots, self.busy + ended - started, started
+        if self.n >= self.every:
+            log.debug("decode batches: %d, %.1f slots each, host %.2f ms each, one every %.2f ms",
+                      self.n, self.slots / self.n, 1e3 * self.busy / self.n,
+                      1e3 * (self.last - self.first) / max(1, self.n - 1))
+            self.n, self.slots, self.busy = 0, 0, 0.0
 
 
 def _settle(future: Future, fn: Callable[[], Any]) -> None:

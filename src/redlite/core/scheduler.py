@@ -221,14 +221,16 @@ def _view(lane: _Lane) -> SlotView:
 
 
 def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16,
-                    decode_ahead: bool | None = None) -> Scheduler | None:
+                    decode_ahead: bool | None = None, warm: bool = False) -> Scheduler | None:
     """A :class:`Scheduler` of ``parallel`` slots: ``generator``'s engine and
     ``parallel - 1`` new slots of it (``Engine.new_slot``), generators with its tokenizer,
     settings and parking (whole entries only, run on the executor). None when the engine cannot
     make slots (the caller runs one sequence at a time). ``decode_ahead``: see
     :mod:`redlite.core.executor_stream` (``--decode-ahead``); None: on where the engine computes on
     an accelerator, off on CPU, where the lanes' scans and the kernels share the cores (it
-    measured slower there: ``bench/results/concurrent-*-vm-epyc*``)."""
+    measured slower there: ``bench/results/concurrent-*-vm-epyc*``). ``warm``: warm the slots up
+    on a GPU (:func:`~redlite.engine.warmup.warm_up_slots`, the start-up warm-up's part for
+    slots)."""
     from redlite.engine.base import EngineError
 
     pool = generator.engine
@@ -237,6 +239,10 @@ def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16,
     except EngineError as error:
         log.warning("--parallel %d: %s; serving one sequence at a time", parallel, error)
         return None
+    if warm:
+        from redlite.engine.warmup import warm_up_slots
+
+        warm_up_slots(engines)
     if decode_ahead is None:
         decode_ahead = getattr(getattr(pool, "device", None), "type", "cpu") != "cpu"
     executor = EngineExecutor(pool, decode_ahead=decode_ahead)

@@ -33,7 +33,8 @@ def capture_graph(fn: Callable[[], Any], device: torch.device, pool=None) -> tup
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
     try:
         with torch.cuda.stream(stream):
-            graph.capture_begin(*(() if pool is None else (pool,)))
+            # thread_local: lane threads waiting on events of earlier steps do not void the capture
+            graph.capture_begin(pool, capture_error_mode="thread_local")
             try:
                 out = fn()
             except BaseException:

@@ -104,3 +104,37 @@ def _streams(engine) -> None:
             stream.feed()
             stream.read()
         stream.undo()
+
+
+def warm_up_slots(engines, devices=("cuda",)) -> float:
+    """Warm a pool of slots up (``engines``: the pool's engine first, then its slots): each
+    slot's own graph decoder captured, and one batched decode step of every batch size from 2
+    to ``len(engines)``, plus one fed from device picks (batch sizes change the batched
+    attention's key slicing, so each size may compile its own kernels). Every slot is reset
+    afterwards. Returns the seconds it took (0 when the pool is not on one of ``devices``)."""
+    device = getattr(engines[0], "device", None)
+    if len(engines) < 2 or getattr(device, "type", None) not in devices:
+        return 0.0
+    import torch
+
+    from redlite.engine.picks import PICKED
+
+    started = time.perf_counter()
+    pool = engines[0]
+    with torch.inference_mode():
+        graphs = sum(_graphs(slot) for slot in engines[1:])
+        for slot in engines:
+            slot.reset()
+            slot.prefill(_ids(3, pool.vocab_size))
+        for size in range(2, len(engines) + 1):
+            rows = pool.decode_batch(engines[:size], _ids(size, pool.vocab_size))
+        pool.greedy_batch_async(engines, rows)
+        pool.decode_batch(engines, [PICKED] * len(engines))
+        for slot in engines:
+            slot.reset()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    log.info("slot warm-up done in %.2f s: %d slots, %d CUDA graphs of their own, batched steps of 2-%d",
+             seconds, len(engines), graphs, len(engines))
+    return seconds

@@ -128,7 +128,8 @@ def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
     worker = None
     if getattr(args, "parallel", 1) > 1:
         worker = build_scheduler(generator, args.parallel, max_queue=args.queue,
-                                 decode_ahead={"on": True, "off": False}.get(getattr(args, "decode_ahead", "auto")))
+                                 decode_ahead={"on": True, "off": False}.get(getattr(args, "decode_ahead", "auto")),
+                                 warm=getattr(args, "warmup", True))
     if worker is None:
         worker = EngineWorker(generator, max_queue=args.queue)
     slots = None
