@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from redlite.engine.base import EngineError
+from redlite.engine.base import Engine, EngineError
 from redlite.engine.echo import EchoEngine
 from redlite.engine.torch_engine import TorchEngine
 from test_hybrid_decode import make_model as make_hybrid
@@ -103,3 +103,7 @@ def test_echo_copy(can_rewind):
     assert slot.decode(0).next_token == source.decode(0).next_token
     with pytest.raises(EngineError):
         slot.copy_prefix(slot, 1)
+    Engine.copy_prefix(slot, source, 4)  # the contract's default: through token ranges
+    assert slot.held_ids == list(b"<abc")
+    with pytest.raises(EngineError):
+        Engine.copy_prefix(slot, source, 99)
