@@ -1,8 +1,9 @@
-"""Slot placement (redlite.core.placement.choose_slot): ties among slots that lose anyway."""
+"""Slot placement (redlite.core.placement): ties among slots that lose anyway, and the prefix
+an empty slot copies from another idle slot."""
 
 import pytest
 
-from redlite.core.placement import SlotView, choose_slot
+from redlite.core.placement import SlotView, choose_slot, place
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -22,3 +23,33 @@ def test_an_empty_slot_still_beats_cutting_a_resident_for_a_small_prefix():
     own = SlotView(0, prompt + list(range(10, 20)), True, True, last_used=9.0)
     empty = SlotView(1, [], True, True, last_used=1.0)
     assert choose_slot([own, empty], prompt) == 1
+
+
+def test_a_small_shared_prefix_goes_to_an_empty_slot_that_copies_it():
+    system = list(range(100, 130))
+    resident = SlotView(0, system + list(range(1, 60)), True, True, last_used=9.0)
+    empty = SlotView(1, [], True, True, last_used=1.0)
+    prompt = system + [7, 7, 7]
+    placed = place([resident, empty], prompt)
+    assert (placed.slot, placed.source, placed.keep) == (1, 0, 30)
+    assert "copies 30 tok of slot 0" in placed.reason
+
+
+def test_an_engine_that_cannot_rewind_copies_up_to_a_checkpoint():
+    system = list(range(100, 130))
+    resident = SlotView(0, system + list(range(1, 60)), True, False, checkpoints=(20, 30, 50))
+    empty = SlotView(1, [], True, False)
+    placed = place([empty, resident], system[:25] + [7, 7])
+    assert (placed.slot, placed.source, placed.keep) == (1, 0, 20)
+    no_checkpoint = SlotView(0, resident.held_ids, True, False, checkpoints=(50,))
+    assert place([empty, no_checkpoint], system + [7]).source is None
+
+
+def test_no_copy_when_the_chosen_slot_keeps_as_much():
+    prompt = [1, 2, 3, 4, 5, 6]
+    fork = SlotView(0, [1, 2, 3, 4, 5, 9, 9], True, True)  # at least half kept: its own slot
+    other = SlotView(1, [1, 2, 3, 8] + list(range(20, 40)), True, True)
+    placed = place([other, fork], prompt)
+    assert (placed.slot, placed.source) == (0, None)
+    untrusted = SlotView(2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], False, True)
+    assert place([SlotView(3, [], True, True), untrusted], prompt).source is None

@@ -3,8 +3,10 @@
 :meth:`Conversations.select` runs on the engine worker thread at the start of every request
 (see :meth:`redlite.core.generation.Generator.run`):
 
-1. candidates: the live state, and the parked entries (the pool, then disk) that the prefix
-   indexes name for the prompt, each with its usable prefix (:func:`usable_prefix`);
+1. candidates: the live state, another slot's live state when the scheduler offers one
+   (``--parallel``: :mod:`redlite.core.placement`), and the parked entries (the pool, then
+   disk) that the prefix indexes name for the prompt, each with its usable prefix
+   (:func:`usable_prefix`);
 2. the best (:func:`choose_candidate`) is fetched: from the pool (popped when the prompt
    extends it, else left parked and protected from eviction during this request), or read and
    verified from disk (a refused file drops out and the choice is made again);
@@ -13,7 +15,9 @@
    (:meth:`~redlite.core.parker.Parker.park_live`);
 4. the chosen entry is installed (:func:`redlite.core.live_state.install`: engine state, held
    ids and checkpoints replaced together; a tail entry's chain written after the prefix they
-   share); a failed restore resets the engine and the request runs cold.
+   share), or the other slot's usable prefix copied engine to engine
+   (:func:`redlite.core.live_state.copy_prefix`, that slot unchanged); a failed restore or copy
+   resets the engine and the request runs cold.
 
 Parked and saved entries carry the conversation's session key and its exact-replay turns
 (:mod:`redlite.core.replay`, once :meth:`Conversations.attach_replay` named the store): the
@@ -31,7 +35,7 @@ import time
 from typing import TYPE_CHECKING
 
 from redlite.core.forks import trusted
-from redlite.core.live_state import install, reset
+from redlite.core.live_state import SlotPrefix, copy_prefix, install, reset
 from redlite.core.parker import Parker
 from redlite.core.parking import (LIVE, POOL_TIERS, Candidate, ParkedEntry, ParkingPool,
                                   choose_candidate, entry_usable, usable_prefix)
@@ -74,13 +78,14 @@ class Conversations(Parker):
     # --- the candidate-selection step --------------------------------------------------------
 
     def select(self, gen: "Generator", prompt: list[int], request_id: str = "req",
-               session: str | None = None) -> None:
+               session: str | None = None, source: SlotPrefix | None = None) -> None:
         """Bring the best candidate for ``prompt`` into the engine (see module docstring).
         session: the request's session key; that session's parked RAM entry is the first
-        candidate (it wins ties)."""
+        candidate (it wins ties). source: another slot's conversation (idle while this runs)
+        whose usable prefix is a candidate too."""
         self._session = session
         try:
-            self._select(gen, prompt, request_id)
+            self._select(gen, prompt, request_id, source)
         except Exception:  # never fails the request; the generator's plan sees the state
             log.exception("%s parking failed; continuing with the live state", request_id)
             if gen.failed:
@@ -89,7 +94,8 @@ class Conversations(Parker):
                 except Exception:
                     pass
 
-    def _select(self, gen: "Generator", prompt: list[int], request_id: str) -> None:
+    def _select(self, gen: "Generator", prompt: list[int], request_id: str,
+                source: SlotPrefix | None) -> None:
         self._gen = gen
         if not trusted(gen):  # the live state is not what tail entries were taken against
             self.lineage.release_live(gen, 0)
@@ -98,11 +104,14 @@ class Conversations(Parker):
         live_usable = usable_prefix(len(held), live_common, len(prompt), gen.engine.can_rewind,
                                     gen.checkpoints.positions)
         while True:  # again only after a refused file (it has left the index)
-            choice = choose_candidate(self._candidates(prompt, live_usable, gen.engine))
+            choice = choose_candidate(self._candidates(prompt, live_usable, gen.engine, source))
             if choice is None or choice.key == LIVE:
                 kept = choice.usable if choice is not None else 0
                 if self._live_would_lose(gen, live_common, kept):
                     self.park_live(gen, frozenset(), keep=kept)
+                return
+            if choice.tier == "slot":
+                self._copy(gen, source, choice.usable, live_common, request_id)
                 return
             started = self._timer()
             entry = self._fetch(choice)
@@ -126,14 +135,35 @@ class Conversations(Parker):
                          choice.tier, len(entry.held_ids), seconds * 1000.0, choice.usable, tail,
                          f" session={entry.session}" if entry.session else "")
             elif choice.tier == "disk" and choice.key not in self.sessions:
-                self._select(gen, prompt, request_id)  # a refused file left the index: again
+                self._select(gen, prompt, request_id, source)  # a refused file left the index
             return
 
-    def _candidates(self, prompt: list[int], live_usable: int, engine) -> list[Candidate]:
-        """The live state and the parked entries that could beat it (index lookups); entries
-        longer than the engine's context (saved with a larger ``--ctx-size``) cannot load."""
+    def _copy(self, gen: "Generator", source: SlotPrefix, keep: int, live_common: int,
+              request_id: str) -> None:
+        """Start from ``source``'s first ``keep`` tokens, parking the live state if it would
+        lose tokens."""
+        if self._live_would_lose(gen, live_common, keep):
+            self.park_live(gen, frozenset(), keep=0)
+        started = self._timer()
+        if copy_prefix(gen, source, keep):
+            log.info("%s copied %d tok from slot %d in %.1f ms (that slot keeps its %d tok)",
+                     request_id, keep, source.slot, (self._timer() - started) * 1000.0,
+                     len(source.generator.held_ids))
+
+    def _candidates(self, prompt: list[int], live_usable: int, engine,
+                    source: SlotPrefix | None = None) -> list[Candidate]:
+        """The live state, ``source``'s and the parked entries that could beat it (index
+        lookups); entries longer than the engine's context (saved with a larger
+        ``--ctx-size``) cannot load."""
         can_rewind = engine.can_rewind
         candidates = [Candidate(LIVE, live_usable, "live", self._clock())]
+        if source is not None and trusted(source.generator):
+            donor = source.generator
+            common = common_prefix_length(donor.held_ids, prompt)
+            usable = usable_prefix(len(donor.held_ids), common, len(prompt), can_rewind,
+                                   donor.checkpoints.positions)
+            candidates.append(Candidate(("slot", source.slot), usable, "slot",
+                                        donor.sequence.used_at, usable))
         session = self._session
         if session is not None:  # the session's own entries, RAM and disk, come first
             tiers = [t for t in (self.pool, self.sessions) if t is not None]

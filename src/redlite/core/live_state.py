@@ -1,18 +1,19 @@
 """The live conversation in and out of the engine: copy it (whole or its tail), install a
-parked one, drop it.
+parked one, start from another slot's prefix, drop it.
 
 Invariant owned here (with :meth:`redlite.core.generation.Generator._execute` for a request's
 own rewinds): the generator's held ids, its checkpoints and the engine state change together.
-:func:`install` and :func:`reset` leave them agreeing whatever fails (``gen.failed`` marks the
-window in between), and first release the live state to what they keep
-(``gen.parking.before_cut``), so parked tails that depend on it stay valid
+:func:`install`, :func:`copy_prefix` and :func:`reset` leave them agreeing whatever fails
+(``gen.failed`` marks the window in between), and first release the live state to what they
+keep (``gen.parking.before_cut``), so parked tails that depend on it stay valid
 (:mod:`redlite.core.forks`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Hashable
 
 from redlite.core.forks import parked_checkpoint
 from redlite.core.parking import LIVE, ParkedEntry
@@ -86,6 +87,54 @@ def install(gen: "Generator", entry: ParkedEntry, keep: int = 0) -> bool:
     except Exception as error:  # a failed restore never fails the request: run cold
         log.warning("restore failed %d tok reason=%s: %s; running cold", len(entry.held_ids),
                     type(error).__name__, error)
+        reset(gen)
+        return False
+
+
+@dataclass(frozen=True)
+class SlotPrefix:
+    """Another slot's live conversation offered to a request's candidate step (``--parallel``):
+    ``generator`` serves that slot, ``engine`` is its engine itself (not a proxy), ``slot`` its
+    index. The scheduler keeps that slot idle until the step is over."""
+
+    generator: "Generator"
+    engine: Any
+    slot: int
+
+
+def copy_prefix(gen: "Generator", source: SlotPrefix, keep: int) -> bool:
+    """Make the first ``keep`` tokens of ``source``'s conversation the live one (a fork by copy,
+    ``source`` unchanged): the engine copies their state from the source slot
+    (``Engine.copy_prefix``), plus, for an engine that cannot rewind, the recurrent state of the
+    source's checkpoint at ``keep`` (required unless ``keep`` is all it holds); held ids and
+    checkpoints up to ``keep`` follow (the checkpoint objects themselves: never changed). The
+    live state is released first. On any failure the engine is reset and False returned, as
+    for :func:`install`."""
+    donor = source.generator
+    if gen.parking is not None:
+        gen.parking.before_cut(gen, 0)
+    gen.failed = True
+    try:
+        cut = not gen.engine.can_rewind and keep < len(donor.held_ids)
+        checkpoint = donor.checkpoints.get(keep) if cut else None
+        if cut and checkpoint is None:
+            raise RuntimeError(f"slot {source.slot} has no checkpoint at {keep}")
+        gen.engine.copy_prefix(source.engine, keep)
+        if checkpoint is not None:
+            gen.engine.restore_checkpoint(checkpoint)
+        if gen.engine.n_past != keep:
+            raise RuntimeError(f"engine holds {gen.engine.n_past} tokens after the copy, expected {keep}")
+        gen.held_ids = list(donor.held_ids[:keep])
+        gen.checkpoints.clear()
+        for kept in donor.checkpoints.items():
+            if kept.position <= keep:
+                gen.checkpoints.add(kept)
+        gen.hits, gen.session_key = 0, None  # a new conversation on the shared prefix
+        gen.failed = False
+        return True
+    except Exception as error:  # never fails the request: run cold
+        log.warning("copy of %d tok from slot %d failed reason=%s: %s; running cold", keep,
+                    source.slot, type(error).__name__, error)
         reset(gen)
         return False
 

@@ -6,8 +6,9 @@ Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"
 - A request takes the best candidate among the live state and every parked one: the one whose
   *usable* common prefix with the prompt is longest (:func:`usable_prefix`: the whole common
   prefix for an engine that can rewind, else up to the newest checkpoint at or below it).
-  Ties go to the live state (nothing to restore), then to the device, then RAM, then disk,
-  then to the most recently used (:func:`choose_candidate`).
+  Ties go to the live state (nothing to restore), then to another slot's live state (a copy
+  on the device, ``--parallel``), then to the device, then RAM, then disk, then to the most
+  recently used (:func:`choose_candidate`).
 - The pool admits and evicts by :func:`redlite.core.eviction.plan_eviction`.
 
 The decisions are pure functions of plain data; :class:`ParkingPool` keeps the entries and a
@@ -126,9 +127,10 @@ def usable_prefix(held_len: int, common: int, prompt_len: int, can_rewind: bool,
 
 @dataclass(frozen=True)
 class Candidate:
-    """A state a request could start from. key: ``LIVE`` or a parked entry's key. usable: its
-    :func:`usable_prefix` for the prompt (tokens). tier: ``live``, ``device``, ``ram`` or ``disk``.
-    held_len: tokens the state holds. session: the state belongs to the request's session key.
+    """A state a request could start from. key: ``LIVE``, a parked entry's key, or another
+    slot's. usable: its :func:`usable_prefix` for the prompt (tokens). tier: ``live``,
+    ``slot`` (another slot's live state), ``device``, ``ram`` or ``disk``. held_len: tokens
+    the state holds. session: the state belongs to the request's session key.
     """
 
     key: Hashable
@@ -139,17 +141,17 @@ class Candidate:
     session: bool = False
 
 
-_TIER_ORDER = {"live": 0, "device": 1, "ram": 2, "disk": 3}
+_TIER_ORDER = {"live": 0, "slot": 1, "device": 2, "ram": 3, "disk": 4}
 
 
 def choose_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
     """The candidate with the longest usable prefix; ties: the request's session's, then live,
-    then device, then RAM, then disk, then the most recently used. None when no candidate has a usable
-    prefix > 0."""
+    then another slot's, then device, then RAM, then disk, then the most recently used. None
+    when no candidate has a usable prefix > 0."""
     usable = [c for c in candidates if c.usable > 0]
     if not usable:
         return None
-    return min(usable, key=lambda c: (-c.usable, not c.session, _TIER_ORDER.get(c.tier, 3),
+    return min(usable, key=lambda c: (-c.usable, not c.session, _TIER_ORDER.get(c.tier, 4),
                                       -c.last_used))
 
 

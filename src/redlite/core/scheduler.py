@@ -11,8 +11,12 @@ The same contract as :class:`redlite.core.worker.EngineWorker` (``submit``, ``sh
   thread, decode steps of the running slots batched (:mod:`redlite.core.executor`);
 - jobs are admitted in arrival order while a slot is idle; at most ``max_queue`` wait behind
   the N running ones, one more is :class:`QueueFull`; a waiting job whose client has gone is
-  skipped; the slot is chosen by :func:`redlite.core.placement.choose_slot` (a slot API task
+  skipped; the slot is chosen by :func:`redlite.core.placement.place` (a slot API task
   runs in the slot it names, when that slot is idle: later jobs wait behind it);
+- when placement names another idle slot to copy a prefix from, that slot is lent to the
+  job's candidate step (:meth:`ExecutorParking.lend`): it takes no job until that step is
+  over, so what is copied from it, on the executor thread, cannot change meanwhile (a job
+  placed in a lent slot waits);
 - the parking tiers are shared by all slots; each move of a conversation (the candidate step,
   a park, a restore) runs as one step on the executor thread (:class:`ExecutorParking`), so
   one slot moves conversations at a time and every engine call stays on that thread; they
@@ -25,15 +29,17 @@ The same contract as :class:`redlite.core.worker.EngineWorker` (``submit``, ``sh
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from redlite.core.executor import EngineExecutor, SlotProxy
 from redlite.core.forks import trusted
 from redlite.core.generation import EngineTask, Generator
-from redlite.core.placement import SlotView, choose_slot
+from redlite.core.live_state import SlotPrefix
+from redlite.core.placement import SlotView, place
 from redlite.core.worker import CUT_OFF, Event, Job, QueueFull, ShuttingDown, run_job, send
 
 log = logging.getLogger("redlite.scheduler")
@@ -43,11 +49,34 @@ class ExecutorParking:
     """The shared parking tiers as one slot's generator sees them: every method call runs on
     the executor thread as one step (one slot moves conversations at a time, and the engine
     calls inside run there directly, between decode batches); attributes are read as they
-    are, and set on the tiers."""
+    are, and set on the tiers. The slot's next candidate step also considers the prefix
+    :meth:`lend` offers."""
 
     def __init__(self, parking: Any, executor: EngineExecutor) -> None:
         object.__setattr__(self, "parking", parking)
         object.__setattr__(self, "executor", executor)
+        object.__setattr__(self, "_offer", None)  # (SlotPrefix, called once the step is over)
+
+    def lend(self, offer: SlotPrefix, returned: Callable[[], None]) -> None:
+        """Offer ``offer`` to the slot's next candidate step; ``returned()`` is called once,
+        when that step is over (or at :meth:`end_offer`)."""
+        object.__setattr__(self, "_offer", (offer, returned))
+
+    def end_offer(self) -> None:
+        """Withdraw the offer, if any (its ``returned()`` is called)."""
+        offer = self._offer
+        object.__setattr__(self, "_offer", None)
+        if offer is not None:
+            offer[1]()
+
+    def select(self, gen: Generator, prompt: list[int], request_id: str = "req", session: str | None = None) -> None:
+        """:meth:`Conversations.select <redlite.core.conversations.Conversations.select>` on the
+        executor thread, with the offered prefix; the offer ends with it."""
+        offer = self._offer[0] if self._offer is not None else None
+        try:
+            self.executor.call(self.parking.select, gen, prompt, request_id, session, offer)
+        finally:
+            self.end_offer()
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.parking, name, value)
@@ -69,6 +98,7 @@ class _Lane:
         self.index, self.generator, self.proxy = index, generator, proxy
         self.job: Job | None = None
         self.thread: threading.Thread | None = None
+        self.lent = 0  # candidate steps that may copy this idle slot's prefix now
 
 
 class Scheduler:
@@ -148,11 +178,28 @@ class Scheduler:
                 idle = [lane for lane in idle if lane.index == request.slot]
             if not idle:
                 return
-            views = [_view(lane) for lane in idle]
-            chosen = self.lanes[choose_slot(views, request.prompt_ids, request.session_key)]
+            placement = place([_view(lane) for lane in idle], request.prompt_ids, request.session_key)
+            chosen = self.lanes[placement.slot]
+            if chosen.lent:  # its prefix is being copied: the job waits for it
+                return
             self._waiting.popleft()
             chosen.job = job
             self.executed += 1
+            log.info("%s placed in slot %d: %s", request.request_id, chosen.index, placement.reason)
+            parking, source = chosen.generator.parking, placement.source
+            if source is not None and isinstance(parking, ExecutorParking) and chosen.generator.settings.reuse:
+                source = self.lanes[source]
+                source.lent += 1
+                parking.lend(SlotPrefix(source.generator, source.proxy.target, source.index),
+                             functools.partial(self._returned, source))
+            self._lock.notify_all()
+
+    def _returned(self, lane: _Lane) -> None:
+        """A candidate step that could copy ``lane``'s prefix is over: it may take jobs again."""
+        with self._lock:
+            lane.lent -= 1
+            if not self._closing:
+                self._dispatch()
             self._lock.notify_all()
 
     # --- the lanes ---------------------------------------------------------------------------
@@ -168,6 +215,8 @@ class Scheduler:
             try:
                 run_job(lane.generator, job, on_result=lambda _result: lane.proxy.rest())
             finally:
+                if isinstance(lane.generator.parking, ExecutorParking):
+                    lane.generator.parking.end_offer()  # a job that never reached its candidate step
                 lane.proxy.rest()
                 lane.generator.sequence.touch()
                 with self._lock:

@@ -195,6 +195,23 @@ class Engine(ABC):
         pieces are not adjacent."""
         raise EngineError(f"{type(self).__name__} has no token ranges")
 
+    def copy_prefix(self, source: "Engine", n_tokens: int) -> None:
+        """Hold the first ``n_tokens`` tokens of ``source`` (another slot of this pool, left
+        unchanged): their per-token state (KV rows) copied into this slot's own memory, device to
+        device on an accelerator; ``n_past`` becomes ``n_tokens``. The state that is not per
+        token (recurrent states) is copied only with the whole held state (``n_tokens ==
+        source.n_past``, as :meth:`snapshot_range`); otherwise it is undefined until
+        :meth:`restore_checkpoint` of ``source``'s checkpoint at ``n_tokens``.
+        Raises :class:`EngineError` for ``source`` itself or a slot of another pool, ``n_tokens``
+        outside ``[0, source.n_past]`` or past ``max_context``; the held state is then undefined
+        (reset it). Default: :meth:`snapshot_range` of ``source`` in device memory, then
+        :meth:`restore_range`."""
+        if source is self:
+            raise EngineError("copy_prefix needs another slot")
+        if not 0 <= n_tokens <= min(source.n_past, self.max_context):
+            raise EngineError(f"cannot copy {n_tokens} of {source.n_past} tokens")
+        self.restore_range(source.snapshot_range(0, n_tokens, on_device=True))
+
     # --- checkpoints: only engines that cannot rewind need them -----------------------------
 
     def take_checkpoint(self, logits: Any, turn_boundary: bool = False) -> Checkpoint | None:

@@ -182,6 +182,18 @@ class EchoEngine(EchoRanges, Engine):
                        snapshot_delay_ms=self.snapshot_delay_ms, max_context=self.max_context)
         return EchoEngine(**options)
 
+    def copy_prefix(self, source: Engine, n_tokens: int) -> None:
+        """:meth:`Engine.copy_prefix` from another echo engine: its first ``n_tokens`` held ids
+        (the "recurrent" part, its source, only with all of them: else it comes from a
+        checkpoint or the next prefill)."""
+        if source is self or not isinstance(source, EchoEngine) or source.model_id != self.model_id:
+            raise EngineError("copy_prefix takes another echo slot of this model")
+        if not 0 <= n_tokens <= min(source.n_past, self.max_context):
+            raise EngineError(f"cannot copy {n_tokens} of {source.n_past} tokens")
+        self._held = list(source._held[:n_tokens])
+        whole = n_tokens == source.n_past
+        self._source, self._generated = (source._source, source._generated) if whole else (b"", 0)
+
     def make_sampler(self, params: SamplingParams, prompt_ids: Sequence[int] = (),
                      constraint=None) -> NumpySampler:
         return EchoSampler(params, prompt_ids, constraint)

@@ -1,6 +1,7 @@
 """The torch engine as a pool of sequence slots: :func:`new_slot` and :func:`decode_batch`
 behind :meth:`TorchEngine.new_slot <redlite.engine.torch_engine.TorchEngine.new_slot>` and
-:meth:`TorchEngine.decode_batch <redlite.engine.torch_engine.TorchEngine.decode_batch>`.
+:meth:`TorchEngine.decode_batch <redlite.engine.torch_engine.TorchEngine.decode_batch>`, and
+:func:`copy_prefix` (a slot starting from another slot's prefix) behind ``TorchEngine.copy_prefix``.
 
 Memory: a slot is a :class:`~redlite.engine.torch_engine.TorchEngine` over the same model
 object (weights are never copied) with its own :class:`~redlite.models.base.ModelState`: a
@@ -89,6 +90,25 @@ def decode_batch(engine, slots: Sequence[Engine], token_ids: Sequence[int]) -> l
             for state in states:
                 state.n_past += 1
     return [row.clone() for row in logits]  # normal tensors (not inference ones), as decode gives
+
+
+def copy_prefix(engine, source: Engine, n_tokens: int) -> None:
+    """:meth:`Engine.copy_prefix`: ``source``'s KV rows ``[0, n_tokens)`` (every attention layer)
+    copied into ``engine``'s cache in place, on the device (no host copy), behind the work
+    already queued there; ``n_past`` becomes ``n_tokens``. Recurrent states are copied only
+    with the whole held state (``n_tokens == source.n_past``); else restore ``source``'s
+    checkpoint at ``n_tokens``. Raises :class:`EngineError` for ``engine`` itself, a slot of
+    another pool or ``n_tokens`` out of range."""
+    if source is engine or getattr(source, "_shared", None) is not engine._shared:
+        raise EngineError("copy_prefix takes another slot of this engine's pool")
+    n = int(n_tokens)
+    if not 0 <= n <= min(source.n_past, engine.max_context):
+        raise EngineError(f"cannot copy {n} of {source.n_past} tokens")
+    with torch.inference_mode():
+        engine.state.cache.data[:, :, :, :n].copy_(source.state.cache.data[:, :, :, :n])
+        engine.state.n_past = n
+        if n == source.n_past and hasattr(source.state, "export_recurrent"):
+            engine.state.import_recurrent(source.state.export_recurrent(), n)
 
 
 class DevicePicks(PickHandle):

@@ -157,6 +157,12 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
 
         return decode_batch(self, slots, token_ids)
 
+    def copy_prefix(self, source: Engine, n_tokens: int) -> None:
+        """:meth:`Engine.copy_prefix` (:func:`redlite.engine.slot_pool.copy_prefix`)."""
+        from redlite.engine.slot_pool import copy_prefix
+
+        copy_prefix(self, source, n_tokens)
+
     def greedy_batch(self, rows: Sequence[torch.Tensor]) -> list[int]:
         """One argmax over the stacked rows and one read back (the first index of the largest
         value, as the greedy sampler picks)."""
