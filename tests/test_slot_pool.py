@@ -109,29 +109,12 @@ def assert_same(got, want, exact: bool, tol: float = 1e-4) -> None:
                 assert int(g.argmax()) == int(w.argmax()), (i, step)
 
 
-def test_llama_dense_batch_equals_alone():
-    model = make_llama()
-    got, want = run_pool(model, prompts(96), steps=10)
-    assert_same(got, want, exact=False)
-
-
-def test_llama_graph_step_batch_equals_alone():
-    got, want = run_pool(make_llama(), prompts(96), steps=10, graphs=True)
-    assert_same(got, want, exact=False)
-
-
-def test_llama_graph_step_fed_device_picks_equals_alone():
-    got, want = run_pool(make_llama(), prompts(96), steps=10, graphs=True, picks=True)
-    assert_same(got, want, exact=False)
-
-
-def test_llama_fused_step_fed_picks_equals_alone():
-    got, want = run_pool(make_llama(), prompts(96), steps=6, picks=True)
-    assert_same(got, want, exact=False)
-
-
-def test_hybrid_graph_step_fed_device_picks_equals_alone():
-    got, want = run_pool(make_hybrid(), prompts(120), steps=8, graphs=True, picks=True)
+@pytest.mark.parametrize("kind,graphs,picks", [
+    ("llama", False, False), ("llama", True, False),  # the fused batch, the graph step; then fed PICKED
+    ("hybrid", True, False), ("llama", True, True), ("llama", False, True), ("hybrid", True, True)])
+def test_batch_equals_alone(kind, graphs, picks):
+    model, vocab = (make_llama(), 96) if kind == "llama" else (make_hybrid(), 120)
+    got, want = run_pool(model, prompts(vocab), steps=8, graphs=graphs, picks=picks)
     assert_same(got, want, exact=False)
 
 
@@ -143,11 +126,6 @@ def test_picked_without_a_pick_is_refused():
     with pytest.raises(EngineError, match="no pending pick"):
         pool.decode_batch([pool, other], [PICKED, 4])
     assert pool.n_past == 2 and other.n_past == 1
-
-
-def test_hybrid_graph_step_batch_equals_alone():
-    got, want = run_pool(make_hybrid(), prompts(120), steps=10, graphs=True)
-    assert_same(got, want, exact=False)
 
 
 def test_llama_sliding_window_and_qk_norm_batch_equals_alone():
