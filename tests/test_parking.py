@@ -46,6 +46,23 @@ def test_index_groups_bound_the_common_prefix(block):
                 assert group.blocks * block <= common < group.bound
 
 
+def test_hash_memo_gives_the_plain_chain_hashes():
+    """Hashes through the memo (a remembered sequence's blocks reused) equal block_hashes of
+    the sequence itself, whatever the sequences share, also after the caller's list changes."""
+    from redlite.core.prefix_index import HashMemo, block_hashes
+
+    rng = random.Random(5)
+    for block in (1, 3, 8):
+        memo = HashMemo(block, size=3)
+        for _ in range(60):
+            seq = random_family(rng, 1)[0]
+            assert memo.hashes(seq) == list(block_hashes(seq, block))
+            other = seq[:rng.randint(0, len(seq))] + [rng.randrange(4) for _ in range(rng.randint(0, 9))]
+            assert list(memo.chain(other)) == list(block_hashes(other, block))
+            seq[:rng.randint(0, len(seq))] = [rng.randrange(4) for _ in range(rng.randint(0, 9))]
+            assert list(memo.chain(seq)) == list(block_hashes(seq, block))
+
+
 def test_index_remove_and_replace():
     index = PrefixIndex(2)
     index.add("a", [1, 2, 3, 4])

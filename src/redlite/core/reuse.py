@@ -88,8 +88,10 @@ class ReusePlan:
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Number of leading positions where ``a`` and ``b`` hold the same token id."""
     limit = min(len(a), len(b))
-    # Compare in blocks first: slices of Python lists compare in C, so long equal prefixes
-    # (tens of thousands of tokens) cost microseconds, not a Python loop per token.
+    # One whole comparison first (the usual case: one extends the other); then in blocks.
+    # Lists compare in C, slicing copies: tens of thousands of tokens cost microseconds.
+    if (a if len(a) == limit else a[:limit]) == (b if len(b) == limit else b[:limit]):
+        return limit
     block = 1024
     start = 0
     while start + block <= limit and a[start:start + block] == b[start:start + block]:
