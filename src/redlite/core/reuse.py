@@ -85,15 +85,18 @@ class ReusePlan:
         return head
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Number of leading positions where ``a`` and ``b`` hold the same token id."""
+def common_prefix_length(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    """Number of leading positions where ``a`` and ``b`` hold the same token id. start: a
+    position up to which the caller knows they agree (compared from there on)."""
     limit = min(len(a), len(b))
+    start = min(start, limit)
     # One whole comparison first (the usual case: one extends the other); then in blocks.
     # Lists compare in C, slicing copies: tens of thousands of tokens cost microseconds.
-    if (a if len(a) == limit else a[:limit]) == (b if len(b) == limit else b[:limit]):
+    if start == 0 and (a if len(a) == limit else a[:limit]) == (b if len(b) == limit else b[:limit]):
+        return limit
+    if start and a[start:limit] == b[start:limit]:
         return limit
     block = 1024
-    start = 0
     while start + block <= limit and a[start:start + block] == b[start:start + block]:
         start += block
     while start < limit and a[start] == b[start]:
