@@ -25,6 +25,7 @@ torch-free; pure except for the store.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -65,7 +66,16 @@ def context_key(message: object) -> str:
         return ""
     content = message.get("content")
     text = content if isinstance(content, str) else json.dumps(content, sort_keys=True, default=str)
-    blob = json.dumps([message.get("role"), message.get("tool_call_id"), text], ensure_ascii=False)
+    role, call_id = message.get("role"), message.get("tool_call_id")
+    if all(v is None or type(v) is str for v in (role, call_id)):  # the usual case: remembered
+        return _context_digest(role, call_id, text)
+    return _context_digest.__wrapped__(role, call_id, text)
+
+
+@functools.lru_cache(maxsize=64)
+def _context_digest(role: object, call_id: object, text: str) -> str:
+    # a turn's context is hashed when it is recorded and again when it comes back
+    blob = json.dumps([role, call_id, text], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 

@@ -6,7 +6,8 @@ the pre-tokenizer adds nothing at the start of a piece (no prefix space, no Meta
 added token strips its neighbours (``lstrip``/``rstrip``/``single_word``), the tokens of a text
 are exactly the tokens of its pieces cut right before each special token, concatenated.
 :class:`SegmentEncoder` uses that to (1) tokenize the pieces of a chat prompt in one
-``encode_batch`` call (parallel, and without the GIL) and (2) keep recent pieces' tokens: an
+``encode_batch`` call (parallel, and without the GIL; a few short pieces on the calling thread)
+and (2) keep recent pieces' tokens: an
 agent resends its whole conversation every turn, and only the new messages are then tokenized.
 For a tokenizer where cutting would not be exact, every text is tokenized whole.
 
@@ -58,6 +59,19 @@ def _cut_pattern(backend: Any) -> "re.Pattern[str] | None":
     return re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
 
 
+#: at most this many characters to tokenize are tokenized on the calling thread
+_SHORT_CHARS = 4096
+
+
+def _encode_many(backend: Any, texts: list[str]) -> list:
+    """``backend``'s encodings of ``texts`` (no added specials): ``encode_batch`` (parallel,
+    without the GIL) unless they are short (a new message: waking the tokenizer's thread pool
+    costs more than the work)."""
+    if sum(map(len, texts)) <= _SHORT_CHARS:
+        return [backend.encode(text, add_special_tokens=False) for text in texts]
+    return backend.encode_batch(texts, add_special_tokens=False)
+
+
 def _offsets_array(offsets: list) -> np.ndarray:
     return np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
 
@@ -107,7 +121,7 @@ class SegmentEncoder:
         if plain:
             return self._encode_plain(text, plain)
         if self._cut is None:
-            encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
+            encoding = _encode_many(self._backend, [text])[0]
             return list(encoding.ids), _offsets_array(encoding.offsets)
         starts = [0] + [m.start() for m in self._cut.finditer(text) if m.start() > 0]
         pieces = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
@@ -120,7 +134,7 @@ class SegmentEncoder:
                     found[piece] = hit
         missing = list({piece: None for piece in pieces if piece not in found})
         if missing:
-            encodings = self._backend.encode_batch(missing, add_special_tokens=False)
+            encodings = _encode_many(self._backend, missing)
             with self._lock:
                 for piece, encoding in zip(missing, encodings):
                     found[piece] = (list(encoding.ids), _offsets_array(encoding.offsets))
@@ -154,7 +168,7 @@ class SegmentEncoder:
         starts = [0] + [a for a, _ in markup if a > 0]
         heads = {a: b for a, b in markup}
         rests = [(heads.get(a, a), b) for a, b in zip(starts, starts[1:] + [len(text)])]
-        encodings = self._plain.encode_batch([text[a:b] for a, b in rests], add_special_tokens=False)
+        encodings = _encode_many(self._plain, [text[a:b] for a, b in rests])
         ids: list[int] = []
         parts: list[np.ndarray] = []
         for start, (rest, _), encoding in zip(starts, rests, encodings):
