@@ -9,7 +9,9 @@ conversation of about H tokens (bench/serve_gpu.py's text), then ``--reps`` roun
 
 * regenerate: the same messages again (rewind, prefill 1 token; the old answer is parked);
 * second turn: the answer + a new user message of ~20 tokens (new in every round, from its
-  first word on: a plain extension of the live state, as in bench/serve_gpu.py).
+  first word on). From the second round on the server takes the previous round's parked
+  branch, which shares the answer's end-of-turn markup with it (a ~40-token tail restored,
+  a rewind to the first differing token): ~20 tokens prefilled, as in bench/serve_gpu.py.
 
 Each request is streamed over one keep-alive connection (``max_tokens`` 8, greedy). The server
 runs with timing wrappers around its stages (this file's ``--child`` mode: the library code is
@@ -212,16 +214,29 @@ QUESTION_WORDS = ["Reader", "Quickly", "Honestly", "Please", "Now", "Tell", "Exp
                   "Summarize", "Given", "Think", "Okay", "Then", "Finally", "Again", "Listen", "Look", "So", "Well"]
 
 
-def chat(conn: http.client.HTTPConnection, messages: list[dict], max_tokens: int = 8) -> dict:
-    """One streamed chat request: send time, the first token's chunk time, text, usage."""
-    body = json.dumps({"messages": messages, "max_tokens": max_tokens, "stream": True, "temperature": 0,
-                       "stream_options": {"include_usage": True}}).encode()
+def chat(conn, messages: list[dict], max_tokens: int = 8) -> dict:
+    """One streamed chat request over ``conn`` (an ``http.client`` connection, or an
+    ``httpx.Client`` used as bench/serve_gpu.py does): send time, the first token's chunk
+    time, text, usage."""
+    body = {"messages": messages, "max_tokens": max_tokens, "stream": True, "temperature": 0,
+            "stream_options": {"include_usage": True}}
+    if not isinstance(conn, http.client.HTTPConnection):
+        sent = time.perf_counter()
+        with conn.stream("POST", "/v1/chat/completions", json=body) as response:
+            return _read_stream(sent, (line.encode() for line in response.iter_lines()))
+    data = json.dumps(body).encode()
     sent = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+    conn.request("POST", "/v1/chat/completions", body=data, headers={"Content-Type": "application/json"})
     response = conn.getresponse()
     assert response.status == 200, response.read()
+    out = _read_stream(sent, iter(response.readline, b""))
+    response.read()
+    return out
+
+
+def _read_stream(sent: float, lines) -> dict:
     chunks, first, usage, text = 0, None, {}, []
-    while line := response.readline():
+    for line in lines:
         if not line.startswith(b"data: {"):
             continue
         chunks += 1
@@ -231,7 +246,6 @@ def chat(conn: http.client.HTTPConnection, messages: list[dict], max_tokens: int
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices", []):
             text.append(choice["delta"].get("content") or "")
-    response.read()
     return {"sent": sent, "first": first, "text": "".join(text), "prompt_tokens": usage.get("prompt_tokens"),
             "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens")}
 
@@ -273,6 +287,7 @@ def breakdown(res: dict, stamps: dict) -> dict:
     out["job_to_execute"] = ms(s["job"][0], s["execute"][0])
     out["job.plan"] = 1e3 * _total(stamps, "plan")
     out["job.select"] = 1e3 * _total(stamps, "select")
+    out["select_cpu"] = 1e3 * _total(stamps, "select", cpu=True)
     out["execute"] = ms(*s["execute"])
     out["execute.park"] = 1e3 * _total(stamps, "park")
     out["execute_to_token"] = ms(s["execute"][1], sample[1]) if sample else float("nan")
@@ -297,7 +312,11 @@ def run(args) -> dict:
     cases: dict[str, list[dict]] = {}
     try:
         _wait_ready(port, proc, work / "server.log")
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        if args.client == "httpx":
+            import httpx
+            conn = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         seen = 0
         for held in args.held:
             first = [{"role": "user", "content": words(held, seed=100 + held)}]
@@ -371,6 +390,7 @@ ROWS = [("ttft", "client TTFT (sent -> first token's chunk)"), ("engine", "engin
         ("prepare_cpu", "prepare, thread CPU time"), ("prepare_to_submit", "prepare -> queued (loop hop)"),
         ("hop_worker", "queued -> worker runs the job"), ("job_to_execute", "job start -> plan executed (select, plan)"),
         ("job.plan", "  reuse plans"), ("job.select", "  candidate selection (placement)"),
+        ("select_cpu", "candidate selection, thread CPU time"),
         ("execute", "execute (park + rewind + prefill)"), ("execute.park", "  parking the cut tail"),
         ("execute_to_token", "first token sampled"), ("token_to_sse", "token -> its SSE chunk written"),
         ("sse_to_client", "SSE chunk -> client"), ("record_turn", "replay record (after the answer)")]
@@ -403,6 +423,8 @@ def main() -> None:
     parser.add_argument("--server-arg", action="append", default=[], help="extra server option")
     parser.add_argument("--src", default=str(ROOT / "src"),
                         help="the redlite sources the server runs (e.g. an export of another commit)")
+    parser.add_argument("--client", choices=["http.client", "httpx"], default="http.client",
+                        help="httpx: the client of bench/serve_gpu.py (its own cost is in the TTFT)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--keep-trace", default=None, help="copy the server's stamps (JSON lines) here")
     parser.add_argument("--tag", default="cpu")
