@@ -92,8 +92,9 @@ class _Trace:
         return stamp
 
     def mark(self, label: str) -> None:
+        """A point in time; its third field is the process's CPU time (all threads) then."""
         t = time.perf_counter()
-        self.add(label, t, t, 0.0)
+        self.add(label, t, t, time.process_time())
 
     def flush(self, record: dict) -> None:
         """Write ``record`` (a request's stamps; the next request may have started)."""
@@ -146,7 +147,7 @@ def _install(trace: _Trace) -> None:
         async def timed_app(scope, receive, send):
             if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
                 return await app(scope, receive, send)
-            record = trace.current = {"recv": [(time.perf_counter(),) * 2 + (0.0,)]}
+            record = trace.current = {"recv": [(time.perf_counter(),) * 2 + (time.process_time(),)]}
 
             async def receive_timed():
                 message = await receive()
@@ -271,6 +272,11 @@ def breakdown(res: dict, stamps: dict) -> dict:
     engine = sum(1e3 * _total(stamps, k) for k in ENGINE if k != "sample") + (ms(*sample) if sample else 0.0)
     out["engine"] = engine
     out["overhead"] = out["ttft"] - engine
+    engine_cpu = sum(1e3 * _total(stamps, k, cpu=True) for k in ENGINE if k != "sample") + \
+        1e3 * (stamps["sample"][0][2] if "sample" in stamps else 0.0)
+    first_out = _span(stamps, "event_output")
+    out["overhead_cpu"] = 1e3 * (stamps["event_output"][0][2] - stamps["recv"][0][2]) - engine_cpu \
+        if first_out else float("nan")
     out["http_in"] = ms(res["sent"], s["recv"][0])
     out["body"] = ms(s["recv"][0], s["body"][0])
     out["hop_validate"] = ms(s["body"][0], s["validate"][0])
@@ -306,7 +312,10 @@ def run(args) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", str(trace), "serve",
                "--engine", "torch", "--model", str(model), "--device", "cpu", "--ctx-size", str(ctx),
                "--port", str(port), *args.server_arg]
-    env = dict(os.environ, PYTHONPATH=str(Path(args.src).resolve()), PYTHONUNBUFFERED="1")
+    # one engine thread: the tiny model gains nothing from more, and idle OpenMP threads spinning
+    # after each step would take the cores the server's own threads are measured on
+    env = dict(os.environ, PYTHONPATH=str(Path(args.src).resolve()), PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS="1")
     log = open(work / "server.log", "w")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     cases: dict[str, list[dict]] = {}
@@ -380,7 +389,9 @@ def _wait_ready(port: int, proc: subprocess.Popen, log: Path) -> None:
 
 
 ROWS = [("ttft", "client TTFT (sent -> first token's chunk)"), ("engine", "engine: prefill + rewind + first sample"),
-        ("overhead", "**server overhead** (TTFT - engine)"), ("http_in", "client send -> app called (h11)"),
+        ("overhead", "**server overhead** (TTFT - engine)"),
+        ("overhead_cpu", "**server CPU time**, all threads, app called -> first token handed over, less the engine's"),
+        ("http_in", "client send -> app called (h11)"),
         ("body", "body read"), ("hop_validate", "hop to a thread"), ("validate", "pydantic validation"),
         ("hop_chat_request", "hop to a thread"), ("chat_request_of", "ChatRequest built"),
         ("hop_prepare", "hop to a thread"), ("prepare", "prepare (render + tokenize + boundaries)"),
@@ -407,9 +418,12 @@ def markdown(result: dict) -> str:
         f"{result['cases'][k]['prompt_tokens']} ({result['cases'][k]['cached_tokens']})" for k in keys) + " |")
     for key, name in ROWS:
         lines.append(f"| {name} | " + " | ".join(f"{result['cases'][k]['median_ms'][key]:.2f}" for k in keys) + " |")
-    lines += ["", "Stages are wall time on the thread that runs them (an otherwise idle core: per-core time); "
-              "'prepare, thread CPU time' is that thread's CPU time. Hops: from one stage's end to the next "
-              "one's start on another thread (to_thread, the worker's queue, call_soon_threadsafe)."]
+    lines += ["", "Stages are wall time on the thread that runs them (on an otherwise idle core: per-core "
+              "time); 'thread CPU time' rows are that thread's CPU time; 'server CPU time' is the process's "
+              "CPU time (every thread) from the app's call to the first token's hand-over to the event "
+              "loop, less the engine's (prefill, rewind, first sample): per-core time, insensitive to other "
+              "load on the machine. Hops: from one stage's end to the next one's start on another thread "
+              "(to_thread, the worker's queue, call_soon_threadsafe)."]
     return "\n".join(lines) + "\n"
 
 
