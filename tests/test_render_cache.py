@@ -8,11 +8,17 @@ from redlite.loading.render_cache import RenderCache
 pytestmark = pytest.mark.timeout(60)
 
 
+class Prompt:
+    def __init__(self, text):
+        self.text = text
+
+
 def counting_cache(**bounds):
     cache, calls = RenderCache(**bounds), []
 
     def get(messages, extra=None):
-        return cache.get_or_render(messages, extra, lambda: calls.append(1) or object())
+        text = "".join(str(m.get("content")) for m in messages)
+        return cache.get_or_render(messages, extra, lambda: calls.append(1) or Prompt(text))
     return cache, calls, get
 
 
@@ -31,6 +37,10 @@ def test_same_input_same_prompt_other_input_renders_again():
         ([{"role": "user", "content": 1}], ({"enable_thinking": False}, 100)),
         ([{"role": "user", "content": True}], ({"enable_thinking": False}, 100)),
         ([{"role": "user", "content": 1.0}], ({"enable_thinking": False}, 100)),
+        ([{"role": "user", "content": -0.0}], ({"enable_thinking": False}, 100)),
+        ([{"role": "user", "content": 0.0}], ({"enable_thinking": False}, 100)),
+        ([{"role": "user", "content": [["role", "user"]]}], ({"enable_thinking": False}, 100)),
+        ([{"role": "user", "content": {"role": "user"}}], ({"enable_thinking": False}, 100)),
     ]
     rendered = [get(m, e) for m, e in others]
     assert len(calls) == 1 + len(others) and len({id(r) for r in rendered}) == len(others)
@@ -60,7 +70,7 @@ def test_failures_are_not_kept_and_bounds_hold():
     assert len(calls) == 3
     get(a), get(b)
     assert len(calls) == 4
-    get([{"role": "user", "content": "x" * 300}])  # larger than max_chars: not kept
+    get([{"role": "user", "content": "x" * 300}])  # its text is larger than max_chars: not kept
     get([{"role": "user", "content": "x" * 300}])
     assert len(calls) == 6
     cache.clear()

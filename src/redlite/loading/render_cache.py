@@ -6,10 +6,12 @@ conversation (milliseconds at tens of thousands of tokens). :class:`RenderCache`
 :class:`~redlite.core.tokenizer.RenderedPrompt` of recent inputs: the same messages and template
 arguments give back the same object (the template and the tokenizer are pure functions of them).
 
-The key is the ``repr`` of the input when it holds only built-in JSON-like values (``dict``,
-``list``, ``tuple``, ``str``, ``int``, ``float``, ``bool``, ``None``), whose ``repr`` tells any
-two apart that a template could tell apart (a tuple from a list, ``1`` from ``True`` and
-``1.0``, key order); anything else is not cached.
+The key is the input as nested tuples, each number and boolean with its type (so ``1``,
+``True`` and ``1.0`` stay apart, and a float by its ``repr``: ``-0.0`` is not ``0.0``), lists,
+tuples and dicts tagged (key order kept): two inputs have equal keys only when a template could
+not tell them apart. Strings are compared as they are (their hash is computed once per string).
+Inputs holding anything but ``dict``, ``list``, ``tuple``, ``str``, ``int``, ``float``, ``bool``
+and ``None`` are not cached.
 """
 
 from __future__ import annotations
@@ -18,23 +20,31 @@ import collections
 import threading
 from typing import Any, Callable
 
-_PLAIN = (str, int, float, bool, type(None))
+
+class _NotPlain(Exception):
+    pass
 
 
-def _plain(value: Any) -> bool:
+def _key(value: Any) -> Any:
     kind = type(value)
-    if kind in _PLAIN:
-        return True
+    if kind is str or value is None:
+        return value
+    if kind is bool or kind is int:
+        return kind, value
+    if kind is float:
+        return float, repr(value)
     if kind is dict:
-        return all(type(k) is str and _plain(v) for k, v in value.items())
-    if kind in (list, tuple):
-        return all(_plain(v) for v in value)
-    return False
+        if not all(type(k) is str for k in value):
+            raise _NotPlain
+        return "{", tuple((k, _key(v)) for k, v in value.items())
+    if kind is list or kind is tuple:
+        return "[" if kind is list else "(", tuple(_key(v) for v in value)
+    raise _NotPlain
 
 
 class RenderCache:
     """Rendered prompts by input, least recently used out past ``max_entries`` or ``max_chars``
-    of keys (thread-safe). Callers must not change a returned prompt's lists."""
+    of rendered text (thread-safe). Callers must not change a returned prompt's lists."""
 
     def __init__(self, max_entries: int = 8, max_chars: int = 32 << 20) -> None:
         self.max_entries, self.max_chars = max_entries, max_chars
@@ -46,7 +56,10 @@ class RenderCache:
         """The prompt cached for ``(messages, extra)`` (``extra``: the template arguments and
         whatever else the rendering depends on), else ``render()`` (kept when it returns;
         exceptions pass through, nothing is kept)."""
-        key = repr((messages, extra)) if _plain(messages) and _plain(extra) else None
+        try:
+            key = _key((messages, extra))
+        except _NotPlain:
+            key = None
         if key is not None:
             with self._lock:
                 hit = self._entries.get(key)
@@ -54,14 +67,15 @@ class RenderCache:
                     self._entries.move_to_end(key)
                     return hit
         prompt = render()
-        if key is not None and len(key) <= self.max_chars:
+        size = len(getattr(prompt, "text", ""))
+        if key is not None and size <= self.max_chars:
             with self._lock:
                 if key not in self._entries:
                     self._entries[key] = prompt
-                    self._chars += len(key)
+                    self._chars += size
                 while len(self._entries) > self.max_entries or self._chars > self.max_chars:
-                    old, _ = self._entries.popitem(last=False)
-                    self._chars -= len(old)
+                    _, old = self._entries.popitem(last=False)
+                    self._chars -= len(getattr(old, "text", ""))
         return prompt
 
     def clear(self) -> None:
