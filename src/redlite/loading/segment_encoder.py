@@ -112,17 +112,20 @@ class SegmentEncoder:
         rest = len(text) - special_chars
         return specials + (-(-rest // max_token_chars) if max_token_chars else 0)
 
-    def encode(self, text: str, plain: list[tuple[int, int]] = ()) -> tuple[list[int], np.ndarray]:
+    def encode(self, text: str, plain: list[tuple[int, int]] = (),
+               offsets: bool = True) -> tuple[list[int], np.ndarray | None]:
         """``(ids, offsets)`` of ``text`` without added specials: the ids exactly as
         ``backend.encode(text, add_special_tokens=False)`` gives them; offsets an int64 array of
-        shape [len(ids), 2], each row the (start, end) character positions in ``text``.
+        shape [len(ids), 2], each row the (start, end) character positions in ``text`` (None
+        when ``offsets`` is False: ids only, without the array work).
         plain: ascending, disjoint ``(start, end)`` character ranges of special-token strings
         to tokenize as text (see the module docstring; not cached)."""
         if plain:
-            return self._encode_plain(text, plain)
+            ids, array = self._encode_plain(text, plain)
+            return ids, array if offsets else None
         if self._cut is None:
             encoding = _encode_many(self._backend, [text])[0]
-            return list(encoding.ids), _offsets_array(encoding.offsets)
+            return list(encoding.ids), _offsets_array(encoding.offsets) if offsets else None
         starts = [0] + [m.start() for m in self._cut.finditer(text) if m.start() > 0]
         pieces = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
         found: dict[str, tuple[list[int], np.ndarray]] = {}
@@ -140,15 +143,15 @@ class SegmentEncoder:
                     found[piece] = (list(encoding.ids), _offsets_array(encoding.offsets))
                     self._remember(piece, found[piece])
         ids: list[int] = []
-        parts, counts = [], []
         for piece in pieces:
-            piece_ids, piece_offsets = found[piece]
-            ids.extend(piece_ids)
-            parts.append(piece_offsets)
-            counts.append(len(piece_ids))
-        offsets = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
-        offsets += np.repeat(np.asarray(starts, dtype=np.int64), counts)[:, None]
-        return ids, offsets
+            ids.extend(found[piece][0])
+        if not offsets:
+            return ids, None
+        parts = [found[piece][1] for piece in pieces]
+        counts = [len(found[piece][0]) for piece in pieces]
+        array = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
+        array += np.repeat(np.asarray(starts, dtype=np.int64), counts)[:, None]
+        return ids, array
 
     def _encode_plain(self, text: str, plain: list[tuple[int, int]]) -> tuple[list[int], np.ndarray]:
         if self._plain is None:

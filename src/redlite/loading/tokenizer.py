@@ -167,7 +167,7 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of a raw completion prompt; ``bos_token_id`` first only when
         :attr:`add_bos` (and the text does not already start with it). No EOS is added."""
-        ids, _ = self._segments.encode(text)
+        ids, _ = self._segments.encode(text, offsets=False)
         if self.add_bos and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id, *ids]
         return ids
@@ -185,7 +185,7 @@ class HFTokenizer:
 
     def encode_rendered(self, text: str) -> list[int]:
         """Ids of rendered template text, tokenized as :meth:`render_chat` does (no BOS added)."""
-        return self._segments.encode(text)[0]
+        return self._segments.encode(text, offsets=False)[0]
 
     def decode_rendered(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens written out (the template's markup)."""
