@@ -411,7 +411,8 @@ def markdown(result: dict) -> str:
     m = result["meta"]
     keys = list(result["cases"])
     lines = [f"# Server overhead per request, {m['date']}, {m['machine']}", "",
-             f"Command: `{m['command']}`", "", f"Commit {m['commit']}; {m['cpus']} CPUs, load average "
+             f"Command: `{m['command']}`", "", f"Bench at commit {m['commit']}, server from {m.get('src')}; "
+             f"{m['cpus']} CPUs, load average "
              f"{m['load_average']}; medians of {m['rounds']} rounds (first {m['skip']} dropped), ms.", "",
              "| stage | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
     lines.append("| prompt tok (cached) | " + " | ".join(
@@ -449,7 +450,7 @@ def main() -> None:
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "machine": platform.machine() + "-" + args.tag, "cpus": os.cpu_count(), "commit": commit,
             "command": "PYTHONPATH=src python bench/request_overhead.py " + " ".join(sys.argv[1:]),
-            "rounds": args.reps, "skip": args.skip}
+            "rounds": args.reps, "skip": args.skip, "src": args.src, "client": args.client}
     cases = run(args)
     meta["load_average"] = round(os.getloadavg()[0], 2)
     result = {"meta": meta, "cases": cases}
