@@ -14,8 +14,8 @@ conversation of about H tokens (bench/serve_gpu.py's text), then ``--reps`` roun
   a rewind to the first differing token): ~20 tokens prefilled, as in bench/serve_gpu.py.
 
 Each request is streamed over one keep-alive connection (``max_tokens`` 8, greedy). The server
-runs with timing wrappers around its stages (this file's ``--child`` mode: the library code is
-unchanged); every stamp is ``time.perf_counter`` (CLOCK_MONOTONIC, the client's clock too) and,
+runs with timing wrappers around its stages (bench/request_overhead_trace.py: the library code
+is unchanged); every stamp is ``time.perf_counter`` (CLOCK_MONOTONIC, the client's clock too) and,
 for stages that run on one thread, that thread's CPU time. Per case, medians over the rounds:
 client TTFT (request sent -> the chunk of the first token), the engine's part (prefill, rewind,
 sampling the first token) and the rest, the server's overhead, split into stages.
@@ -40,140 +40,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from request_overhead_trace import ENGINE  # noqa: E402
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "generation_config.json")
 
-# (label, where, attribute): the stages timed in the server (see _install)
-STAGES = [
-    ("validate", "redlite.server.schemas:ChatCompletionRequest", "model_validate_json"),
-    ("chat_request_of", "redlite.server.app", "chat_request_of"),
-    ("prepare", "redlite.server.chat_service:ChatService", "prepare_sync"),
-    ("min_tokens", "redlite.server.chat_service", "min_chat_tokens"),
-    ("replay_find", "redlite.core.replay:ReplayStore", "find"),
-    ("jinja", "redlite.loading.chat_template:ChatTemplate", "render"),
-    ("protect", "redlite.loading.plain_specials:PlainSpecials", "protect"),
-    ("tokenize", "redlite.loading.segment_encoder:SegmentEncoder", "encode"),
-    ("message_ends", "redlite.loading.tokenizer", "message_boundaries"),
-    ("submit", "redlite.server.jobs", "queue"),
-    ("job", "redlite.core.worker", "run_job"),
-    ("plan", "redlite.core.generation:Generator", "plan"),
-    ("select", "redlite.core.conversations:Conversations", "select"),
-    ("execute", "redlite.core.generation:Generator", "_execute"),
-    ("park", "redlite.core.conversations:Conversations", "before_cut"),
-    ("prefill", "redlite.engine.torch_engine:TorchEngine", "prefill"),
-    ("rewind", "redlite.engine.torch_engine:TorchEngine", "rewind"),
-    ("sample", "redlite.core.token_loop:HostLoop", "next"),
-    ("record_turn", "redlite.server.chat_service", "record_turn"),
-]
-ENGINE = ("prefill", "rewind", "sample")
-
-
-# --- the server side (--child) ----------------------------------------------------------------
-
-class _Trace:
-    """The stamps of the request being served (the benchmark sends one at a time)."""
-
-    def __init__(self, path: str) -> None:
-        self.file = open(path, "a", encoding="utf-8")
-        self.current: dict | None = None
-        self.lock = threading.Lock()
-
-    def add(self, label: str, t0: float, t1: float | None, cpu: float) -> list:
-        """A stamp [start, end, thread CPU s]; a stage still running leaves end None."""
-        stamp = [t0, t1, cpu]
-        with self.lock:
-            if self.current is not None:
-                self.current.setdefault(label, []).append(stamp)
-        return stamp
-
-    def mark(self, label: str) -> None:
-        """A point in time; its third field is the process's CPU time (all threads) then."""
-        t = time.perf_counter()
-        self.add(label, t, t, time.process_time())
-
-    def flush(self, record: dict) -> None:
-        """Write ``record`` (a request's stamps; the next request may have started)."""
-        with self.lock:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-            if self.current is record:
-                self.current = None
-
-
-def _timed(trace: _Trace, label: str, fn):
-    def wrapper(*args, **kwargs):
-        c0 = time.thread_time()
-        stamp = trace.add(label, time.perf_counter(), None, 0.0)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            stamp[1], stamp[2] = time.perf_counter(), time.thread_time() - c0
-    return wrapper
-
-
-def _install(trace: _Trace) -> None:
-    import importlib
-
-    import redlite.server.run as run
-    from redlite.server import jobs
-
-    for label, where, name in STAGES:
-        module, _, cls = where.partition(":")
-        owner = importlib.import_module(module)
-        owner = getattr(owner, cls) if cls else owner
-        original = getattr(owner, name)
-        wrapped = _timed(trace, label, original)
-        setattr(owner, name, staticmethod(wrapped) if cls and isinstance(
-            owner.__dict__.get(name), (classmethod, staticmethod)) or label == "validate" else wrapped)
-
-    note = jobs.note_event
-
-    def note_event(scope, event):  # on the worker thread, as each event is handed over
-        if event.kind in ("started", "output"):
-            trace.mark("event_" + event.kind)
-        return note(scope, event)
-    jobs.note_event = note_event
-
-    create = run.create_app
-
-    def create_app(state):
-        app = create(state)
-
-        async def timed_app(scope, receive, send):
-            if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
-                return await app(scope, receive, send)
-            record = trace.current = {"recv": [(time.perf_counter(),) * 2 + (time.process_time(),)]}
-
-            async def receive_timed():
-                message = await receive()
-                if message["type"] == "http.request" and not message.get("more_body"):
-                    trace.mark("body")
-                return message
-
-            async def send_timed(message):
-                if message["type"] == "http.response.body" and message.get("body"):
-                    trace.mark("sse")  # the first is the role chunk, the second the first token's
-                await send(message)
-            try:
-                await app(scope, receive_timed, send_timed)
-            finally:
-                trace.flush(record)
-        return timed_app
-    run.create_app = create_app
-
-
-def child(trace_path: str, argv: list[str]) -> int:
-    _install(_Trace(trace_path))
-    from redlite.cli import main
-    return main(argv)
-
-
-# --- the client side --------------------------------------------------------------------------
 
 def build_model(work: Path, ctx: int) -> Path:
     """A tiny random Llama with the bundled model's tokenizer files (and chat template)."""
@@ -309,7 +184,7 @@ def run(args) -> dict:
     model = build_model(work / "model", ctx)
     trace = work / "trace.jsonl"
     port = _free_port()
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", str(trace), "serve",
+    command = [sys.executable, str(Path(__file__).with_name("request_overhead_trace.py")), str(trace), "serve",
                "--engine", "torch", "--model", str(model), "--device", "cpu", "--ctx-size", str(ctx),
                "--port", str(port), *args.server_arg]
     # one engine thread: the tiny model gains nothing from more, and idle OpenMP threads spinning
@@ -429,8 +304,6 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        raise SystemExit(child(sys.argv[2], sys.argv[3:]))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--held", default="1024,8192,32768")
     parser.add_argument("--reps", type=int, default=15, help="rounds per held size")
