@@ -25,7 +25,6 @@ torch-free; pure except for the store.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import threading
@@ -67,16 +66,45 @@ def context_key(message: object) -> str:
     content = message.get("content")
     text = content if isinstance(content, str) else json.dumps(content, sort_keys=True, default=str)
     role, call_id = message.get("role"), message.get("tool_call_id")
-    if all(v is None or type(v) is str for v in (role, call_id)):  # the usual case: remembered
-        return _context_digest(role, call_id, text)
-    return _context_digest.__wrapped__(role, call_id, text)
+    key = (role, call_id, text)
+    if not all(v is None or type(v) is str for v in key):
+        return _context_digest(*key)
+    return _DIGESTS.get(key)
 
 
-@functools.lru_cache(maxsize=64)
 def _context_digest(role: object, call_id: object, text: str) -> str:
-    # a turn's context is hashed when it is recorded and again when it comes back
     blob = json.dumps([role, call_id, text], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class _Digests:
+    """:func:`context_key` s of recent messages by ``(role, tool_call_id, text)``, keeping at
+    most ``max_chars`` of text alive (thread-safe): a turn's context is hashed when the turn is
+    recorded and again each time it comes back."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars, self.chars = max_chars, 0
+        self._digests: OrderedDict[tuple, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> str:
+        with self._lock:
+            digest = self._digests.get(key)
+            if digest is not None:
+                self._digests.move_to_end(key)
+                return digest
+        digest = _context_digest(*key)
+        with self._lock:
+            if key not in self._digests:
+                self._digests[key] = digest
+                self.chars += len(key[2])
+            while self.chars > self.max_chars and self._digests:
+                old, _ = self._digests.popitem(last=False)
+                self.chars -= len(old[2])
+        return digest
+
+
+_DIGESTS = _Digests(8 << 20)
 
 
 def content_key(content: str, calls: tuple) -> str:
