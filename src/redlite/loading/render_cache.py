@@ -46,7 +46,7 @@ class RenderCache:
     """Rendered prompts by input, least recently used out past ``max_entries`` or ``max_chars``
     of rendered text (thread-safe). Callers must not change a returned prompt's lists."""
 
-    def __init__(self, max_entries: int = 8, max_chars: int = 32 << 20) -> None:
+    def __init__(self, max_entries: int = 8, max_chars: int = 8 << 20) -> None:
         self.max_entries, self.max_chars = max_entries, max_chars
         self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._chars = 0
