@@ -296,17 +296,30 @@ def test_six_requests_hold_each_shared_prefix_once(can_rewind, caplog):
 
 
 
-def test_a_fork_hashes_the_prompt_and_the_held_ids_once(monkeypatch):
-    """The prefix index's block hashes (about 1 ms per 32k tokens) are computed once for the
-    prompt's lookup and once for the parked tail's held ids (superseded check, index)."""
+def test_a_fork_hashes_only_blocks_it_has_not_hashed(monkeypatch):
+    """The prefix index's block hashes (about 1 ms per 32k tokens) of a prompt and of the held
+    ids a fork parks are remembered (:class:`~redlite.core.prefix_index.HashMemo`): forking
+    back hashes only the blocks past the prefix the two branches share, not both sequences."""
     from redlite.core import prefix_index
+    from redlite.core.reuse import common_prefix_length
 
+    system = {"role": "system", "content": "You are terse and precise. " * 40}
+    first, second = [system, A[1]], [system, A2[1]]
     gen = make()
-    chat(gen, A)
-    calls = []
-    real = prefix_index.block_hashes
-    monkeypatch.setattr(prefix_index, "block_hashes",
-                        lambda ids, *args: calls.append(len(ids)) or real(ids, *args))
-    chat(gen, A2)
+    chat(gen, first)
+    chat(gen, second)  # parks the first branch's tail
+    held_second = list(gen.held_ids)
     [entry] = gen.parking.pool.entries()
-    assert sorted(calls) == sorted([len(tok.render_chat(A2).token_ids), len(entry.held_ids)])
+    block = gen.parking.pool._index.block
+    shared = common_prefix_length(entry.held_ids, held_second) // block
+    assert shared >= 8  # the system prompt's blocks
+    blocks = []
+    real = prefix_index.block_hashes
+
+    def counting(ids, size, limit=None, start=0, previous=b""):
+        out = list(real(ids, size, limit, start, previous))
+        blocks.append(len(out))
+        return iter(out)
+    monkeypatch.setattr(prefix_index, "block_hashes", counting)
+    chat(gen, first)  # back to the first branch: parks the second one's tail
+    assert 0 < sum(blocks) <= len(held_second) // block - shared + 1

@@ -46,6 +46,23 @@ def test_index_groups_bound_the_common_prefix(block):
                 assert group.blocks * block <= common < group.bound
 
 
+def test_hash_memo_gives_the_plain_chain_hashes():
+    """Hashes through the memo (a remembered sequence's blocks reused) equal block_hashes of
+    the sequence itself, whatever the sequences share, also after the caller's list changes."""
+    from redlite.core.prefix_index import HashMemo, block_hashes
+
+    rng = random.Random(5)
+    for block in (1, 3, 8):
+        memo = HashMemo(block, size=3)
+        for _ in range(60):
+            seq = random_family(rng, 1)[0]
+            assert memo.hashes(seq) == list(block_hashes(seq, block))
+            other = seq[:rng.randint(0, len(seq))] + [rng.randrange(4) for _ in range(rng.randint(0, 9))]
+            assert list(memo.chain(other)) == list(block_hashes(other, block))
+            seq[:rng.randint(0, len(seq))] = [rng.randrange(4) for _ in range(rng.randint(0, 9))]
+            assert list(memo.chain(seq)) == list(block_hashes(seq, block))
+
+
 def test_index_remove_and_replace():
     index = PrefixIndex(2)
     index.add("a", [1, 2, 3, 4])
@@ -148,3 +165,36 @@ def test_pool_candidates_verify_by_tokens_and_skip_hopeless_groups():
     assert pool.candidates([5, 5, 5, 5], True, best_so_far=4) == []
     assert sorted(pool.prefixes_of(a + [1])) == ["a"]
     assert pool.pop("a").key == "a" and "a" not in pool
+
+
+@pytest.mark.parametrize("can_rewind", [True, False])
+def test_pool_choice_equals_comparing_every_entry(can_rewind):
+    """The pool's candidates (groups pruned by what can beat the live state, tail entries on the
+    live state compared from their base) lead to the choice that comparing every entry with
+    the prompt gives: same key, same usable prefix."""
+    from redlite.core.parking import ParkedCheckpoint, entry_usable
+
+    rng = random.Random(11 + can_rewind)
+    for _ in range(200):
+        live = random_family(rng, 1, length=40)[0]
+        pool = ParkingPool(1 << 20, 16, block=rng.choice([2, 4, 8]))
+        for i, ids in enumerate(random_family(rng, rng.randint(0, 8), length=40)):
+            if live and rng.random() < 0.6:  # a tail on the live state: its first base ids are live's
+                base = rng.randint(1, len(live))
+                ids = live[:base] + ids[:rng.randint(0, len(ids))]
+                e = entry(f"t{i}", ids, last_used=rng.random())
+                e.base, e.parent = base, LIVE
+            else:
+                e = entry(f"w{i}", ids, last_used=rng.random())
+            e.checkpoints = [ParkedCheckpoint(p, False, 0) for p in sorted(rng.sample(range(1, 41), 3))
+                             if p <= len(e.held_ids)]
+            pool.add(e)
+        prompt = live[:rng.randint(0, len(live))] + [rng.randrange(4) for _ in range(rng.randint(1, 9))]
+        common = common_prefix_length(live, prompt)
+        live_usable = usable_prefix(len(live), common, len(prompt), can_rewind, [])
+        live_candidate = Candidate(LIVE, live_usable, "live", 0.0)
+        fast = choose_candidate([live_candidate] + pool.candidates(prompt, can_rewind, live_usable, common))
+        every = [Candidate(e.key, entry_usable(e, prompt, can_rewind), e.tier, e.last_used, len(e.held_ids))
+                 for e in pool.entries()]
+        slow = choose_candidate([live_candidate] + every)
+        assert (fast and (fast.key, fast.usable)) == (slow and (slow.key, slow.usable))

@@ -65,3 +65,17 @@ def test_header_is_the_longest_start_of_the_generation_prompt():
     plain = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert header_start(plain, "<|im_start|>assistant\n<think>\n") == plain.index("<|im_start|>assistant")
     assert header_start("<|im_start|>user\nhi<|im_end|>\n", "<|im_start|>assistant\n") is None
+
+
+def test_context_keys_are_remembered_within_a_text_budget():
+    from redlite.core.replay import _context_digest, _Digests, context_key
+
+    digests = _Digests(max_chars=10)
+    assert digests.get(("user", None, "hello")) == _context_digest("user", None, "hello")
+    assert digests.get(("tool", "c1", "hello")) == _context_digest("tool", "c1", "hello")
+    assert digests.chars == 10 and len(digests._digests) == 2
+    digests.get(("user", None, "x" * 11))  # over the budget on its own: nothing else kept either
+    assert digests.chars <= 10 and ("user", None, "hello") not in digests._digests
+    message = {"role": "user", "content": "same text"}
+    assert context_key(message) == context_key(dict(message)) == _context_digest("user", None, "same text")
+    assert context_key({**message, "role": "tool"}) != context_key(message)

@@ -226,8 +226,15 @@ def test_warmup_leaves_the_engine_as_a_fresh_one(hybrid):
     for warm in (True, False):
         engine = TorchEngine(model, ctx_size=256, cuda_graphs=True)
         if warm:
-            report = warm_up(engine, tok if not hybrid else None, prefill_chunk=64, devices=("cpu",))
+            read = []  # the reuse planner's table of token bytes is read by the warm-up
+
+            class Reading(ByteTokenizer):
+                def token_bytes(self, token_id):
+                    read.append(token_id)
+                    return super().token_bytes(token_id)
+            report = warm_up(engine, Reading() if not hybrid else None, prefill_chunk=64, devices=("cpu",))
             assert report.skipped is None and report.prefills and engine.n_past == 0
+            assert bool(read) != hybrid
         answers = []
         for params in (SamplingParams(temperature=0), SamplingParams(seed=4, top_k=10)):
             engine.reset()

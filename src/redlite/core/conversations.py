@@ -104,7 +104,8 @@ class Conversations(Parker):
         live_usable = usable_prefix(len(held), live_common, len(prompt), gen.engine.can_rewind,
                                     gen.checkpoints.positions)
         while True:  # again only after a refused file (it has left the index)
-            choice = choose_candidate(self._candidates(prompt, live_usable, gen.engine, source))
+            choice = choose_candidate(self._candidates(prompt, live_usable, gen.engine, source,
+                                                       live_common if trusted(gen) else None))
             if choice is None or choice.key == LIVE:
                 kept = choice.usable if choice is not None else 0
                 if self._live_would_lose(gen, live_common, kept):
@@ -151,10 +152,11 @@ class Conversations(Parker):
                      len(source.generator.held_ids))
 
     def _candidates(self, prompt: list[int], live_usable: int, engine,
-                    source: SlotPrefix | None = None) -> list[Candidate]:
+                    source: SlotPrefix | None = None, live_common: int | None = None) -> list[Candidate]:
         """The live state, ``source``'s and the parked entries that could beat it (index
         lookups); entries longer than the engine's context (saved with a larger
-        ``--ctx-size``) cannot load."""
+        ``--ctx-size``) cannot load. live_common: the trusted live state's common prefix with
+        the prompt (None: unknown)."""
         can_rewind = engine.can_rewind
         candidates = [Candidate(LIVE, live_usable, "live", self._clock())]
         if source is not None and trusted(source.generator):
@@ -169,11 +171,11 @@ class Conversations(Parker):
             tiers = [t for t in (self.pool, self.sessions) if t is not None]
             for entry in (e for tier in tiers for e in tier.entries()):
                 if entry.session == session:
-                    usable = entry_usable(entry, prompt, can_rewind)
+                    usable = entry_usable(entry, prompt, can_rewind, live_common)
                     candidates.append(Candidate(entry.key, usable, entry.tier, entry.last_used,
                                                 len(entry.held_ids), session=True))
         if self.pool is not None:
-            candidates += self.pool.candidates(prompt, can_rewind, live_usable)
+            candidates += self.pool.candidates(prompt, can_rewind, live_usable, live_common)
         if self.sessions is not None:
             best = max(c.usable for c in candidates)
             candidates += self.sessions.candidates(prompt, can_rewind, best)

@@ -106,8 +106,8 @@ class Parker:
         stats = EntryStats("live", estimate, n, self._clock(), keep, parent, on_device)
         to_disk = self.sessions is not None and self.sessions.eligible(n)
         hashes = pool.hashes(gen.held_ids) if pool is not None else None
-        if not to_disk and not self._would_admit(stats, gen.held_ids, protected, engine.can_rewind,
-                                                 hashes):
+        superseded = self._superseded(gen.held_ids, protected, engine.can_rewind, hashes)
+        if not to_disk and (pool is None or not self._admission(stats, superseded, protected).admit):
             log.info("evicted %d tok (%d bytes) from live reason=no-room -> dropped (not copied)",
                      n - keep, estimate)
             return
@@ -127,7 +127,7 @@ class Parker:
         except Exception as error:
             log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
             return
-        self.park(self._with_turns(entry), protected, engine.can_rewind, started, hashes)
+        self.park(self._with_turns(entry), protected, engine.can_rewind, started, hashes, superseded)
 
     def _superseded(self, held_ids: list[int], protected: frozenset, can_rewind: bool,
                     hashes: list[bytes] | None) -> list:
@@ -143,25 +143,21 @@ class Parker:
         return plan_eviction(current, stats, self.pool.budget_bytes, self.pool.max_entries, protected,
                              self.pool.device_budget_bytes)
 
-    def _would_admit(self, stats: EntryStats, held_ids: list[int], protected: frozenset,
-                     can_rewind: bool, hashes: list[bytes] | None) -> bool:
-        if self.pool is None:
-            return False
-        superseded = self._superseded(held_ids, protected, can_rewind, hashes)
-        return self._admission(stats, superseded, protected).admit
-
     def park(self, entry: ParkedEntry, protected: frozenset, can_rewind: bool,
-             started: float | None = None, hashes: list[bytes] | None = None) -> None:
+             started: float | None = None, hashes: list[bytes] | None = None,
+             superseded: list | None = None) -> None:
         """Put ``entry`` into the pool when its eviction plan admits it, spilling what it
         evicts to disk; otherwise straight to disk (when big enough). Entries it supersedes
         (it extends them; engines that can rewind) leave the pool only once it is admitted.
-        hashes: the pool's hashes of its held ids (computed here when not given)."""
+        hashes: the pool's hashes of its held ids (computed here when not given); superseded:
+        the entries it supersedes (:meth:`_superseded`, found here when not given)."""
         n = len(entry.held_ids)
         if self.pool is None:
             self._spill(entry, "no-ram-pool", protected, can_rewind, source="live")
             return
         hashes = self.pool.hashes(entry.held_ids) if hashes is None else hashes
-        superseded = self._superseded(entry.held_ids, protected, can_rewind, hashes)
+        if superseded is None:
+            superseded = self._superseded(entry.held_ids, protected, can_rewind, hashes)
         plan = self._admission(self.pool.stats(entry), superseded, protected)
         if not plan.admit:
             self._spill(entry, "no-room", protected, can_rewind, source="live")

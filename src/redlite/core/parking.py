@@ -206,10 +206,13 @@ class ParkingPool:
         return EntryStats(entry.key, entry.nbytes, len(entry.held_ids), entry.last_used,
                           entry.base, entry.parent, entry.on_device)
 
-    def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
+    def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0,
+                   live_common: int | None = None) -> list[Candidate]:
         """Entries worth considering for ``prompt`` with their usable prefix (verified by token
-        comparison); shallower index groups are skipped once they cannot beat the best."""
-        return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far)
+        comparison); shallower index groups are skipped once they cannot beat the best.
+        live_common: see :func:`entry_usable`."""
+        return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far,
+                                     live_common)
 
     def plan_admission(self, entry: ParkedEntry, protected: frozenset = frozenset()) -> EvictionPlan:
         current = [self.stats(e) for e in self._entries.values()]
@@ -247,36 +250,50 @@ class ParkingPool:
                 if key in parents:
                     continue
                 held = self._entries[key].held_ids
-                if len(held) <= len(ids) and common_prefix_length(held, ids) == len(held):
+                n = len(held)
+                # its last ids first: a branch that differs near its end is told apart at once
+                if n <= len(ids) and held[-64:] == ids[max(0, n - 64):n] and held == ids[:n]:
                     out.append(key)
         return out
 
 
 def candidates_from_index(index: PrefixIndex, entries: dict, prompt: Sequence[int],
-                          can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
+                          can_rewind: bool, best_so_far: int = 0,
+                          live_common: int | None = None) -> list[Candidate]:
     """Verify the index's groups for ``prompt``, deepest first, and return the entries with a
-    usable prefix > 0. Stops when a group's bound cannot beat the best usable prefix found
-    (or ``best_so_far``, e.g. the live state's). ``entries`` maps key -> object with
-    ``held_ids``, ``checkpoint_positions``, ``tier`` and ``last_used``."""
+    usable prefix > 0. Stops when a group's entries cannot reach the best usable prefix found,
+    nor beat ``best_so_far``: the usable prefix of a candidate that wins ties against them
+    (the live state's, say). ``entries`` maps key -> object with ``held_ids``,
+    ``checkpoint_positions``, ``tier`` and ``last_used``. live_common: see :func:`entry_usable`."""
     found: list[Candidate] = []
     best = best_so_far
+    most = len(prompt) - 1 if can_rewind else len(prompt)  # no usable prefix is longer
     for group in index.lookup(prompt):
-        if group.bound <= best:
+        reach = min(group.bound - 1, most)
+        if reach < best or reach <= best_so_far:
             break
         for key in group.keys:
             entry = entries[key]
-            usable = entry_usable(entry, prompt, can_rewind)
+            usable = entry_usable(entry, prompt, can_rewind, live_common)
             if usable > 0:
                 found.append(Candidate(key, usable, entry.tier, entry.last_used, len(entry.held_ids)))
                 best = max(best, usable)
     return found
 
 
-def entry_usable(entry: Any, prompt: Sequence[int], can_rewind: bool) -> int:
+def entry_usable(entry: Any, prompt: Sequence[int], can_rewind: bool,
+                 live_common: int | None = None) -> int:
     """The :func:`usable_prefix` of a parked entry for ``prompt``; 0 for a tail entry at or
-    below its base (its parent serves as well there)."""
-    usable = usable_prefix(len(entry.held_ids), common_prefix_length(entry.held_ids, prompt),
-                           len(prompt), can_rewind, entry.checkpoint_positions)
+    below its base (its parent serves as well there). live_common: the common prefix of the
+    trusted live state's held ids and ``prompt``, when known: a tail entry on the live state
+    holds its first ``base`` ids (:mod:`redlite.core.forks`), so only its tail is compared."""
+    held = entry.held_ids
+    if live_common is not None and getattr(entry, "parent", None) == LIVE:
+        common = live_common if entry.base > live_common else \
+            common_prefix_length(held, prompt, start=entry.base)
+    else:
+        common = common_prefix_length(held, prompt)
+    usable = usable_prefix(len(held), common, len(prompt), can_rewind, entry.checkpoint_positions)
     if getattr(entry, "parent", None) is not None and usable <= getattr(entry, "base", 0):
         return 0
     return usable

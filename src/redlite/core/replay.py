@@ -65,8 +65,46 @@ def context_key(message: object) -> str:
         return ""
     content = message.get("content")
     text = content if isinstance(content, str) else json.dumps(content, sort_keys=True, default=str)
-    blob = json.dumps([message.get("role"), message.get("tool_call_id"), text], ensure_ascii=False)
+    role, call_id = message.get("role"), message.get("tool_call_id")
+    key = (role, call_id, text)
+    if not all(v is None or type(v) is str for v in key):
+        return _context_digest(*key)
+    return _DIGESTS.get(key)
+
+
+def _context_digest(role: object, call_id: object, text: str) -> str:
+    blob = json.dumps([role, call_id, text], ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class _Digests:
+    """:func:`context_key` s of recent messages by ``(role, tool_call_id, text)``, keeping at
+    most ``max_chars`` of text alive (thread-safe): a turn's context is hashed when the turn is
+    recorded and again each time it comes back."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars, self.chars = max_chars, 0
+        self._digests: OrderedDict[tuple, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> str:
+        with self._lock:
+            digest = self._digests.get(key)
+            if digest is not None:
+                self._digests.move_to_end(key)
+                return digest
+        digest = _context_digest(*key)
+        with self._lock:
+            if key not in self._digests:
+                self._digests[key] = digest
+                self.chars += len(key[2])
+            while self.chars > self.max_chars and self._digests:
+                old, _ = self._digests.popitem(last=False)
+                self.chars -= len(old[2])
+        return digest
+
+
+_DIGESTS = _Digests(8 << 20)
 
 
 def content_key(content: str, calls: tuple) -> str:

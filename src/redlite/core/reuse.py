@@ -85,13 +85,18 @@ class ReusePlan:
         return head
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Number of leading positions where ``a`` and ``b`` hold the same token id."""
+def common_prefix_length(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    """Number of leading positions where ``a`` and ``b`` hold the same token id. start: a
+    position up to which the caller knows they agree (compared from there on)."""
     limit = min(len(a), len(b))
-    # Compare in blocks first: slices of Python lists compare in C, so long equal prefixes
-    # (tens of thousands of tokens) cost microseconds, not a Python loop per token.
+    start = min(start, limit)
+    # One whole comparison first (the usual case: one extends the other); then in blocks.
+    # Lists compare in C, slicing copies: tens of thousands of tokens cost microseconds.
+    if start == 0 and (a if len(a) == limit else a[:limit]) == (b if len(b) == limit else b[:limit]):
+        return limit
+    if start and a[start:limit] == b[start:limit]:
+        return limit
     block = 1024
-    start = 0
     while start + block <= limit and a[start:start + block] == b[start:start + block]:
         start += block
     while start < limit and a[start] == b[start]:

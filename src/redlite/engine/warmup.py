@@ -6,8 +6,9 @@ decoder captures its CUDA graphs. :func:`warm_up` does all of that at start-up, 
 request runs as fast as the hundredth: prefills of the shapes the generator feeds (a full
 chunk, a short odd-length one and one token, from an empty state and after held tokens), every
 graph of every span bucket and sampling mode (:meth:`GraphDecoder.capture_all`), a token
-stream per mode, a checkpoint round trip for states that cannot rewind, and one chat render
-(the tokenizer's template). The engine is reset afterwards.
+stream per mode, a checkpoint round trip for states that cannot rewind, one chat render
+(the tokenizer's template) and the tokenizer's table of token bytes (the reuse planner's, see
+:mod:`redlite.core.same_bytes`). The engine is reset afterwards.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def warm_up(engine, tokenizer=None, prefill_chunk: int = 512, devices=("cuda",))
     started = time.perf_counter()
     if tokenizer is not None and hasattr(tokenizer, "render_chat"):
         tokenizer.render_chat([{"role": "user", "content": "hi"}])
+    if callable(getattr(tokenizer, "token_bytes", None)):  # its table: read at the first fork
+        tokenizer.token_bytes(0)
     report = WarmupReport()
     with torch.inference_mode():
         report.prefills = _prefills(engine, prefill_chunk)

@@ -6,7 +6,8 @@ the pre-tokenizer adds nothing at the start of a piece (no prefix space, no Meta
 added token strips its neighbours (``lstrip``/``rstrip``/``single_word``), the tokens of a text
 are exactly the tokens of its pieces cut right before each special token, concatenated.
 :class:`SegmentEncoder` uses that to (1) tokenize the pieces of a chat prompt in one
-``encode_batch`` call (parallel, and without the GIL) and (2) keep recent pieces' tokens: an
+``encode_batch`` call (parallel, and without the GIL; a few short pieces on the calling thread)
+and (2) keep recent pieces' tokens: an
 agent resends its whole conversation every turn, and only the new messages are then tokenized.
 For a tokenizer where cutting would not be exact, every text is tokenized whole.
 
@@ -58,6 +59,19 @@ def _cut_pattern(backend: Any) -> "re.Pattern[str] | None":
     return re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
 
 
+#: at most this many characters to tokenize are tokenized on the calling thread
+_SHORT_CHARS = 4096
+
+
+def _encode_many(backend: Any, texts: list[str]) -> list:
+    """``backend``'s encodings of ``texts`` (no added specials): ``encode_batch`` (parallel,
+    without the GIL) unless they are short (a new message: waking the tokenizer's thread pool
+    costs more than the work)."""
+    if sum(map(len, texts)) <= _SHORT_CHARS:
+        return [backend.encode(text, add_special_tokens=False) for text in texts]
+    return backend.encode_batch(texts, add_special_tokens=False)
+
+
 def _offsets_array(offsets: list) -> np.ndarray:
     return np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
 
@@ -98,17 +112,20 @@ class SegmentEncoder:
         rest = len(text) - special_chars
         return specials + (-(-rest // max_token_chars) if max_token_chars else 0)
 
-    def encode(self, text: str, plain: list[tuple[int, int]] = ()) -> tuple[list[int], np.ndarray]:
+    def encode(self, text: str, plain: list[tuple[int, int]] = (),
+               offsets: bool = True) -> tuple[list[int], np.ndarray | None]:
         """``(ids, offsets)`` of ``text`` without added specials: the ids exactly as
         ``backend.encode(text, add_special_tokens=False)`` gives them; offsets an int64 array of
-        shape [len(ids), 2], each row the (start, end) character positions in ``text``.
+        shape [len(ids), 2], each row the (start, end) character positions in ``text`` (None
+        when ``offsets`` is False: ids only, without the array work).
         plain: ascending, disjoint ``(start, end)`` character ranges of special-token strings
         to tokenize as text (see the module docstring; not cached)."""
         if plain:
-            return self._encode_plain(text, plain)
+            ids, array = self._encode_plain(text, plain)
+            return ids, array if offsets else None
         if self._cut is None:
-            encoding = self._backend.encode_batch([text], add_special_tokens=False)[0]
-            return list(encoding.ids), _offsets_array(encoding.offsets)
+            encoding = _encode_many(self._backend, [text])[0]
+            return list(encoding.ids), _offsets_array(encoding.offsets) if offsets else None
         starts = [0] + [m.start() for m in self._cut.finditer(text) if m.start() > 0]
         pieces = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
         found: dict[str, tuple[list[int], np.ndarray]] = {}
@@ -120,21 +137,21 @@ class SegmentEncoder:
                     found[piece] = hit
         missing = list({piece: None for piece in pieces if piece not in found})
         if missing:
-            encodings = self._backend.encode_batch(missing, add_special_tokens=False)
+            encodings = _encode_many(self._backend, missing)
             with self._lock:
                 for piece, encoding in zip(missing, encodings):
                     found[piece] = (list(encoding.ids), _offsets_array(encoding.offsets))
                     self._remember(piece, found[piece])
         ids: list[int] = []
-        parts, counts = [], []
         for piece in pieces:
-            piece_ids, piece_offsets = found[piece]
-            ids.extend(piece_ids)
-            parts.append(piece_offsets)
-            counts.append(len(piece_ids))
-        offsets = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
-        offsets += np.repeat(np.asarray(starts, dtype=np.int64), counts)[:, None]
-        return ids, offsets
+            ids.extend(found[piece][0])
+        if not offsets:
+            return ids, None
+        parts = [found[piece][1] for piece in pieces]
+        counts = [len(found[piece][0]) for piece in pieces]
+        array = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
+        array += np.repeat(np.asarray(starts, dtype=np.int64), counts)[:, None]
+        return ids, array
 
     def _encode_plain(self, text: str, plain: list[tuple[int, int]]) -> tuple[list[int], np.ndarray]:
         if self._plain is None:
@@ -154,7 +171,7 @@ class SegmentEncoder:
         starts = [0] + [a for a, _ in markup if a > 0]
         heads = {a: b for a, b in markup}
         rests = [(heads.get(a, a), b) for a, b in zip(starts, starts[1:] + [len(text)])]
-        encodings = self._plain.encode_batch([text[a:b] for a, b in rests], add_special_tokens=False)
+        encodings = _encode_many(self._plain, [text[a:b] for a, b in rests])
         ids: list[int] = []
         parts: list[np.ndarray] = []
         for start, (rest, _), encoding in zip(starts, rests, encodings):

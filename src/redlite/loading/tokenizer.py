@@ -21,6 +21,7 @@ from redlite.core.tokenizer import PromptTooLong, RenderedPrompt
 from redlite.loading.chat_template import ChatTemplate
 from redlite.loading.message_bounds import message_boundaries
 from redlite.loading.plain_specials import PlainSpecials, map_positions, special_strings
+from redlite.loading.render_cache import RenderCache
 from redlite.loading.segment_encoder import SegmentEncoder
 from redlite.loading.streaming_decoder import StreamingDecoder
 from redlite.loading.template_probe import turn_markup_tokens
@@ -97,6 +98,7 @@ class HFTokenizer:
         self._turn_tokens: tuple[str | None, int] | None = None
         self._plain_specials = PlainSpecials(special_strings(backend))
         self._token_bytes: TokenBytes | None = None
+        self._renders = RenderCache()
 
     @classmethod
     def from_transformers(cls, tokenizer: Any, eos_token_ids: Iterable[int] = (),
@@ -123,6 +125,7 @@ class HFTokenizer:
     def chat_template(self, source: str | dict[str, str] | None) -> None:
         self._template = ChatTemplate(source, self.special_tokens) if source else None
         self._turn_tokens = None
+        self._renders.clear()
 
     @property
     def chat_template_source(self) -> str | None:
@@ -164,7 +167,7 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of a raw completion prompt; ``bos_token_id`` first only when
         :attr:`add_bos` (and the text does not already start with it). No EOS is added."""
-        ids, _ = self._segments.encode(text)
+        ids, _ = self._segments.encode(text, offsets=False)
         if self.add_bos and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id, *ids]
         return ids
@@ -182,7 +185,7 @@ class HFTokenizer:
 
     def encode_rendered(self, text: str) -> list[int]:
         """Ids of rendered template text, tokenized as :meth:`render_chat` does (no BOS added)."""
-        return [int(i) for i in self._segments.encode(text)[0]]
+        return self._segments.encode(text, offsets=False)[0]
 
     def decode_rendered(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens written out (the template's markup)."""
@@ -203,12 +206,19 @@ class HFTokenizer:
         Linear in the conversation's size.
         template_kwargs: passed to the template (e.g. ``enable_thinking=False``, ``tools=``).
 
+        The same input again gives back the same prompt object (a :class:`RenderCache` of
+        recent inputs): do not change its lists.
+
         Raises:
             PromptTooLong: :attr:`prompt_limit` is set and the rendered text provably has more
                 tokens (special tokens counted, the rest bounded by :attr:`max_token_chars`).
             ValueError: the tokenizer has no chat template.
             jinja2 errors raised by the template itself (e.g. ``raise_exception`` calls).
         """
+        return self._renders.get_or_render(messages, (template_kwargs, self.prompt_limit),
+                                           lambda: self._render_chat(messages, template_kwargs))
+
+    def _render_chat(self, messages: list[dict], template_kwargs: dict) -> RenderedPrompt:
         protected = self._plain_specials.protect(messages, template_kwargs)
         kwargs = protected.kwargs
         rendered = self._render(protected.messages, add_generation_prompt=True, **kwargs)

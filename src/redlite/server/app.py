@@ -182,13 +182,17 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        body = await _parse(request, ChatCompletionRequest)
-        # per-message work off the event loop (a body of thousands of messages)
-        chat_request = await asyncio.to_thread(chat_request_of, body, sampling_of(body, chat=True),
-                                               stops_of(body), f"chatcmpl-{context_of(request.scope).hex}")
-        chat_request.session_key = session_key_of(
-            request.headers, body_session_value("openai", body.model_extra or {}))
-        stream = await state.chat.start(chat_request, request)
+        raw = await _json_body(request)
+        headers, request_id = request.headers, f"chatcmpl-{context_of(request.scope).hex}"
+
+        def prepare():  # parse, build and render off the event loop, in one thread hand-off
+            body = _validate(raw, ChatCompletionRequest)
+            chat_request = chat_request_of(body, sampling_of(body, chat=True), stops_of(body), request_id)
+            chat_request.session_key = session_key_of(
+                headers, body_session_value("openai", body.model_extra or {}))
+            return body, chat_request, state.chat.prepare_sync(chat_request)
+        body, chat_request, prepared = await asyncio.to_thread(prepare)
+        stream = await state.chat.start(chat_request, request, prepared)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(stream_chunks(stream, state.model_id, include_usage,
@@ -236,15 +240,25 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    """Parse the JSON body into ``model`` (pydantic's JSON parser: strict types, nesting depth
+    """Parse the JSON body into ``model`` (:func:`_validate`, in a worker thread: a body of
+    thousands of messages must not stall the event loop)."""
+    raw = await _json_body(request)
+    return await asyncio.to_thread(_validate, raw, model)
+
+
+async def _json_body(request: Request) -> bytes:
+    """The body of a request declared JSON (415 otherwise)."""
+    require_json(request.headers)
+    return await request.body()
+
+
+def _validate(raw: bytes, model: type[BaseModel]) -> Any:
+    """``raw`` parsed into ``model`` (pydantic's JSON parser: strict types, nesting depth
     bounded, lone surrogates refused); raise a 400 APIError naming the offending field, or the
     first field set that the server does not implement
     (:data:`redlite.server.schemas.UNSUPPORTED_FIELDS`)."""
-    require_json(request.headers)
-    raw = await request.body()
     try:
-        # in a worker thread: a body of thousands of messages must not stall the event loop
-        parsed = await asyncio.to_thread(model.model_validate_json, raw)
+        parsed = model.model_validate_json(raw)
     except ValidationError as error:
         first = _first_error(error)
         if first["type"] == "json_invalid":

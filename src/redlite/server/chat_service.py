@@ -306,10 +306,13 @@ class ChatService:
     async def prepare(self, request: ChatRequest) -> PreparedChat:
         return await asyncio.to_thread(self.prepare_sync, request)
 
-    async def start(self, request: ChatRequest, http_request: Any = None) -> ChatStream:
-        """Render, submit and wait for the job to start. Raises APIError (400 bad request,
+    async def start(self, request: ChatRequest, http_request: Any = None,
+                    prepared: PreparedChat | None = None) -> ChatStream:
+        """Render (unless ``prepared``: :meth:`prepare_sync` of ``request``, done by the
+        caller), submit and wait for the job to start. Raises APIError (400 bad request,
         503 busy / shutting down, 499 when the HTTP client left while the job waited)."""
-        prepared = await self.prepare(request)
+        if prepared is None:
+            prepared = await self.prepare(request)
         scope = getattr(http_request, "scope", None)
         if scope is not None:
             context_of(scope).session_key = request.session_key  # for the access log

@@ -1,0 +1,142 @@
+"""The server side of bench/request_overhead.py: ``redlite serve`` with timing wrappers.
+
+``python bench/request_overhead_trace.py TRACE serve ...`` wraps the stages listed in
+:data:`STAGES` (the library code is unchanged) and runs the CLI; per chat request one JSON line
+is appended to TRACE: for each stage a list of ``[start, end, thread CPU s]`` stamps
+(``time.perf_counter``, CLOCK_MONOTONIC: the client's clock too), and points in time (``recv``,
+``body``, ``sse``, ``event_*``) whose third field is the process's CPU time then.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+# (label, where, attribute): the stages timed in the server (see _install)
+STAGES = [
+    ("validate", "redlite.server.schemas:ChatCompletionRequest", "model_validate_json"),
+    ("chat_request_of", "redlite.server.app", "chat_request_of"),
+    ("prepare", "redlite.server.chat_service:ChatService", "prepare_sync"),
+    ("min_tokens", "redlite.server.chat_service", "min_chat_tokens"),
+    ("replay_find", "redlite.core.replay:ReplayStore", "find"),
+    ("jinja", "redlite.loading.chat_template:ChatTemplate", "render"),
+    ("protect", "redlite.loading.plain_specials:PlainSpecials", "protect"),
+    ("tokenize", "redlite.loading.segment_encoder:SegmentEncoder", "encode"),
+    ("message_ends", "redlite.loading.tokenizer", "message_boundaries"),
+    ("submit", "redlite.server.jobs", "queue"),
+    ("job", "redlite.core.worker", "run_job"),
+    ("plan", "redlite.core.generation:Generator", "plan"),
+    ("select", "redlite.core.conversations:Conversations", "select"),
+    ("execute", "redlite.core.generation:Generator", "_execute"),
+    ("park", "redlite.core.conversations:Conversations", "before_cut"),
+    ("prefill", "redlite.engine.torch_engine:TorchEngine", "prefill"),
+    ("rewind", "redlite.engine.torch_engine:TorchEngine", "rewind"),
+    ("sample", "redlite.core.token_loop:HostLoop", "next"),
+    ("record_turn", "redlite.server.chat_service", "record_turn"),
+]
+ENGINE = ("prefill", "rewind", "sample")
+
+
+class _Trace:
+    """The stamps of the request being served (the benchmark sends one at a time)."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "a", encoding="utf-8")
+        self.current: dict | None = None
+        self.lock = threading.Lock()
+
+    def add(self, label: str, t0: float, t1: float | None, cpu: float) -> list:
+        """A stamp [start, end, thread CPU s]; a stage still running leaves end None."""
+        stamp = [t0, t1, cpu]
+        with self.lock:
+            if self.current is not None:
+                self.current.setdefault(label, []).append(stamp)
+        return stamp
+
+    def mark(self, label: str) -> None:
+        """A point in time; its third field is the process's CPU time (all threads) then."""
+        t = time.perf_counter()
+        self.add(label, t, t, time.process_time())
+
+    def flush(self, record: dict) -> None:
+        """Write ``record`` (a request's stamps; the next request may have started)."""
+        with self.lock:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+            if self.current is record:
+                self.current = None
+
+
+def _timed(trace: _Trace, label: str, fn):
+    def wrapper(*args, **kwargs):
+        c0 = time.thread_time()
+        stamp = trace.add(label, time.perf_counter(), None, 0.0)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stamp[1], stamp[2] = time.perf_counter(), time.thread_time() - c0
+    return wrapper
+
+
+def _install(trace: _Trace) -> None:
+    import importlib
+
+    import redlite.server.run as run
+    from redlite.server import jobs
+
+    for label, where, name in STAGES:
+        module, _, cls = where.partition(":")
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        original = getattr(owner, name)
+        wrapped = _timed(trace, label, original)
+        setattr(owner, name, staticmethod(wrapped) if cls and isinstance(
+            owner.__dict__.get(name), (classmethod, staticmethod)) or label == "validate" else wrapped)
+
+    note = jobs.note_event
+
+    def note_event(scope, event):  # on the worker thread, as each event is handed over
+        if event.kind in ("started", "output"):
+            trace.mark("event_" + event.kind)
+        return note(scope, event)
+    jobs.note_event = note_event
+
+    create = run.create_app
+
+    def create_app(state):
+        app = create(state)
+
+        async def timed_app(scope, receive, send):
+            if scope["type"] != "http" or scope["path"] != "/v1/chat/completions":
+                return await app(scope, receive, send)
+            record = trace.current = {"recv": [(time.perf_counter(),) * 2 + (time.process_time(),)]}
+
+            async def receive_timed():
+                message = await receive()
+                if message["type"] == "http.request" and not message.get("more_body"):
+                    trace.mark("body")
+                return message
+
+            async def send_timed(message):
+                if message["type"] == "http.response.body" and message.get("body"):
+                    trace.mark("sse")  # the first is the role chunk, the second the first token's
+                await send(message)
+            try:
+                await app(scope, receive_timed, send_timed)
+            finally:
+                trace.flush(record)
+        return timed_app
+    run.create_app = create_app
+
+
+def child(trace_path: str, argv: list[str]) -> int:
+    _install(_Trace(trace_path))
+    from redlite.cli import main
+    return main(argv)
+
+
+
+if __name__ == "__main__":
+    raise SystemExit(child(sys.argv[1], sys.argv[2:]))
