@@ -210,6 +210,9 @@ def serve(model_dir: Path, args, ctx: int) -> dict:
     out.update(warmup_s=float(warm.group(1)) if warm else None, graphs=int(warm.group(2)) if warm else None,
                decode_path=warm.group(3) if warm else None, cold_start_s=float(cold.group(1)) if cold else None)
     out["log_tail"] = log.splitlines()[-40:]
+    if args.server_log:
+        Path(args.server_log).mkdir(parents=True, exist_ok=True)
+        (Path(args.server_log) / f"server-{model_dir.name}.log").write_text(log)
     return out
 
 
@@ -356,6 +359,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=1024, help="decode requests' prompt, tokens")
     parser.add_argument("--decode", type=int, default=256, help="tokens per decode request")
     parser.add_argument("--out", default=None, help="folder for serve_gpu-DATE-MACHINE.{md,json}")
+    parser.add_argument("--server-log", default=None, help="folder for each server's whole log")
     parser.add_argument("--workdir", default=None, help="where the model directories go (default: a temp dir)")
     args = parser.parse_args()
     args.held = [int(x) for x in args.held.split(",") if x]
