@@ -5,7 +5,10 @@
  * wakes late claims nothing from a finished job. The caller then waits only for chunks already
  * claimed. On a CPU shared with other processes a preempted worker therefore costs at most one
  * chunk, where a fork/join barrier (OpenMP's) waits a whole scheduler time slice. Workers spin a
- * little after each job, then sleep on a condition variable.
+ * little after each job, then sleep on a condition variable. A job whose caller waited longer
+ * than it worked and than SLOW_WAIT_NS (a worker preempted while holding a chunk: the machine's
+ * cores are busy with other work) makes the caller run the next jobs alone, SOLO_MIN
+ * of them, twice as many after each such job again (up to SOLO_MAX), fewer after good ones.
  *
  * A finished job's word is retired (next index UINT32_MAX) before pool_run returns: a worker
  * that read the word of a finished job and is late (preempted, or woken late) may read the next
@@ -17,17 +20,22 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "gguf_blocks.h"
 
 #define MAX_WORKERS 63
 #define SPINS 20000
+#define SOLO_MIN 256
+#define SOLO_MAX 16384
+#define SLOW_WAIT_NS 1000000  /* a wait this long: a worker was preempted, not just slower */
 #define RETIRED 0xffffffffu  /* the next index of a finished job: above any n (n < 2^32 - 1) */
 
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int n_workers, active, sleepers;  /* active: workers that claim work (threads - 1) */
+    int64_t solo_left, solo_next;     /* jobs the caller still runs alone; the next such run's */
     _Atomic uint64_t word;  /* generation << 32 | next index */
     _Atomic int64_t done;
     task_fn fn;
@@ -71,11 +79,37 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* The caller's wait for the chunks workers claimed; alone for a while after a long one. */
+static void wait_done(int64_t n, int64_t started) {
+    int64_t waiting = now_ns();
+    for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < n; spins++) {
+        if (spins < SPINS) _mm_pause(); else sched_yield();  /* a preempted worker holds a chunk */
+    }
+    int64_t ended = now_ns();
+    if (ended - waiting > waiting - started && ended - waiting > SLOW_WAIT_NS) {
+        P.solo_next = P.solo_next < SOLO_MIN ? SOLO_MIN : (2 * P.solo_next < SOLO_MAX ? 2 * P.solo_next : SOLO_MAX);
+        P.solo_left = P.solo_next;
+    } else if (P.solo_next > 0) {
+        P.solo_next--;
+    }
+}
+
 /* fn(ctx, begin, end) over chunks of [0, n) (n < 2^32 - 1), on the caller and the workers;
  * returns when every chunk has run. One caller at a time. */
 void pool_run(task_fn fn, void *ctx, int64_t n, int64_t chunk) {
     if (n <= 0) return;
-    if (P.active == 0 || n <= chunk) { fn(ctx, 0, n); return; }
+    if (P.active == 0 || n <= chunk || P.solo_left > 0) {
+        if (P.solo_left > 0) P.solo_left--;
+        fn(ctx, 0, n);
+        return;
+    }
+    int64_t started = now_ns();
     uint32_t gen = (uint32_t)(atomic_load(&P.word) >> 32) + 1;
     P.fn = fn; P.ctx = ctx; P.n = n; P.chunk = chunk;
     atomic_store(&P.done, 0);
@@ -84,9 +118,7 @@ void pool_run(task_fn fn, void *ctx, int64_t n, int64_t chunk) {
     if (P.sleepers) pthread_cond_broadcast(&P.cv);
     pthread_mutex_unlock(&P.mu);
     claim_and_run(gen);
-    for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < n; spins++) {
-        if (spins < SPINS) _mm_pause(); else sched_yield();  /* a preempted worker holds a chunk */
-    }
+    if (atomic_load_explicit(&P.done, memory_order_acquire) < n) wait_done(n, started);
     /* retire the job before the next one's fields are written (see the file comment); a full
      * barrier: no later store moves before it */
     atomic_store(&P.word, ((uint64_t)gen << 32) | RETIRED);
