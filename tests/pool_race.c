@@ -8,7 +8,9 @@
  * indices not run when pool_run returned, and the calls made for a job that had returned.
  * "solo": a worker stalls 5 ms in a chunk (as when preempted); prints the chunks workers ran in
  * the SOLO_MIN jobs after it (0: the caller ran them alone) and whether workers ran any chunk
- * within the next 5000 jobs (1). */
+ * within the next 5000 jobs (1).
+ * "share": a busy thread shares the caller's CPU; prints whether the caller went alone (1). */
+#define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -91,9 +93,34 @@ static void solo(void) {
     printf("%d %d\n", during, atomic_load(&worker_calls) > during);
 }
 
+static _Atomic int hog_stop;
+
+static void *hog(void *arg) {
+    (void)arg;
+    while (!atomic_load(&hog_stop)) {}
+    return NULL;
+}
+
+static void share(void) {
+    caller = pthread_self();
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    set_threads(2);
+    pthread_setaffinity_np(caller, sizeof one, &one);
+    pthread_t h;
+    pthread_create(&h, NULL, hog, NULL);
+    pthread_setaffinity_np(h, sizeof one, &one);
+    for (int k = 0; k < 20 * WINDOW && P.solo_next == 0; k++) pool_run(busy, NULL, 64, 1);
+    atomic_store(&hog_stop, 1);
+    pthread_join(h, NULL);
+    printf("%d\n", P.solo_next > 0);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "stale") == 0) printf("%d\n", stale());
     else if (argc > 1 && strcmp(argv[1], "solo") == 0) solo();
+    else if (argc > 1 && strcmp(argv[1], "share") == 0) share();
     else stress(argc > 2 ? atof(argv[2]) : 1.0);
     return 0;
 }

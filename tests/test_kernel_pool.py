@@ -11,7 +11,8 @@ generation: an instrumented server on a loaded 2-core machine logged such claims
 7-minute run, none in another 5-minute one). Finished jobs are now retired.
 
 A worker preempted while it holds a chunk makes the caller wait a scheduler time slice: after
-such a wait the caller runs the next jobs alone for a while.
+such a wait, or while other work takes the caller's core, the caller runs the next jobs alone
+for a while.
 """
 
 from __future__ import annotations
@@ -59,3 +60,7 @@ def test_after_a_worker_stalls_the_caller_runs_jobs_alone_then_shares_again(pool
     # a worker preempted while it holds a chunk makes the caller wait; alone it would not
     during, later = run(pool_program, "solo")
     assert (during, later) == (0, 1)
+
+
+def test_while_other_work_shares_its_core_the_caller_runs_jobs_alone(pool_program: Path) -> None:
+    assert run(pool_program, "share") == [1]
