@@ -5,7 +5,12 @@
  * has written its fields but not yet its generation (the only window the race needs) must claim
  * nothing: prints the number of task calls it made (0).
  * "stress SECONDS": jobs of alternating sizes on 2 threads; prints the indices run twice, the
- * indices not run when pool_run returned, and the calls made for a job that had returned. */
+ * indices not run when pool_run returned, and the calls made for a job that had returned.
+ * "solo": a worker stalls 5 ms in a chunk (as when preempted); prints the chunks workers ran in
+ * the SOLO_MIN jobs after it (0: the caller ran them alone) and whether workers ran any chunk
+ * within the next 5000 jobs (1).
+ * "share": a busy thread shares the caller's CPU; prints whether the caller went alone (1). */
+#define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -60,8 +65,62 @@ static void stress(double seconds) {
     printf("%ld %ld %ld\n", twice, missing, (long)atomic_load(&not_live));
 }
 
+static pthread_t caller;
+static _Atomic int worker_calls, stall;
+
+static void busy(void *ctx, int64_t begin, int64_t end) {
+    (void)ctx; (void)begin; (void)end;
+    if (pthread_equal(pthread_self(), caller)) {
+        for (volatile int i = 0; i < 20000; i++) {}
+        return;
+    }
+    atomic_fetch_add(&worker_calls, 1);
+    if (atomic_exchange(&stall, 0)) nanosleep(&(struct timespec){0, 5000000}, NULL);
+}
+
+static void solo(void) {
+    caller = pthread_self();
+    set_threads(2);
+    for (int tries = 0; tries < 1000 && P.solo_left == 0; tries++) {
+        atomic_store(&stall, 1);
+        pool_run(busy, NULL, 64, 1);
+    }
+    atomic_store(&stall, 0);
+    atomic_store(&worker_calls, 0);
+    for (int k = 0; k < SOLO_MIN; k++) pool_run(busy, NULL, 64, 1);
+    int during = atomic_load(&worker_calls);
+    for (int k = 0; k < 5000 && atomic_load(&worker_calls) == during; k++) pool_run(busy, NULL, 64, 1);
+    printf("%d %d\n", during, atomic_load(&worker_calls) > during);
+}
+
+static _Atomic int hog_stop;
+
+static void *hog(void *arg) {
+    (void)arg;
+    while (!atomic_load(&hog_stop)) {}
+    return NULL;
+}
+
+static void share(void) {
+    caller = pthread_self();
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    set_threads(2);
+    pthread_setaffinity_np(caller, sizeof one, &one);
+    pthread_t h;
+    pthread_create(&h, NULL, hog, NULL);
+    pthread_setaffinity_np(h, sizeof one, &one);
+    for (int k = 0; k < 20 * WINDOW && P.solo_next == 0; k++) pool_run(busy, NULL, 64, 1);
+    atomic_store(&hog_stop, 1);
+    pthread_join(h, NULL);
+    printf("%d\n", P.solo_next > 0);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "stale") == 0) printf("%d\n", stale());
+    else if (argc > 1 && strcmp(argv[1], "solo") == 0) solo();
+    else if (argc > 1 && strcmp(argv[1], "share") == 0) share();
     else stress(argc > 2 ? atof(argv[2]) : 1.0);
     return 0;
 }

@@ -9,6 +9,10 @@ a chunk still ran on the caller's stack frame or on freed buffers (a crash, or w
 It needs the caller to be preempted between writing the next job's fields and publishing its
 generation: an instrumented server on a loaded 2-core machine logged such claims (29 in one
 7-minute run, none in another 5-minute one). Finished jobs are now retired.
+
+A worker preempted while it holds a chunk makes the caller wait a scheduler time slice: after
+such a wait, or while other work takes the caller's core, the caller runs the next jobs alone
+for a while.
 """
 
 from __future__ import annotations
@@ -50,3 +54,13 @@ def test_a_late_worker_claims_nothing_of_the_next_job(pool_program: Path) -> Non
 def test_every_index_runs_once_while_jobs_alternate_in_size(pool_program: Path) -> None:
     twice, missing, after_return = run(pool_program, "stress", "1.0")
     assert (twice, missing, after_return) == (0, 0, 0)
+
+
+def test_after_a_worker_stalls_the_caller_runs_jobs_alone_then_shares_again(pool_program: Path) -> None:
+    # a worker preempted while it holds a chunk makes the caller wait; alone it would not
+    during, later = run(pool_program, "solo")
+    assert (during, later) == (0, 1)
+
+
+def test_while_other_work_shares_its_core_the_caller_runs_jobs_alone(pool_program: Path) -> None:
+    assert run(pool_program, "share") == [1]

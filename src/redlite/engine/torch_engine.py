@@ -15,6 +15,7 @@ from redlite.engine.kernel_options import KernelOptions
 from redlite.engine.sampling import TorchSampler
 from redlite.engine.torch_checkpoints import TorchCheckpoints
 from redlite.engine.torch_ranges import TorchRanges
+from redlite.kernels import native
 
 CPU_MAX_CONTEXT = 8192
 
@@ -36,7 +37,9 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
     unless ``kernels.cuda_graphs`` is False; True on CPU runs the same step eagerly (tests).
     ``kernels``: :class:`~redlite.engine.kernel_options.KernelOptions` (None: defaults), also
     what the decode step's ops are chosen by.
-    ``decode_path`` names the path in use.
+    ``decode_path`` names the path in use. On CPU, a model that decodes through the fused C step
+    gives the threads to the kernels' pool: torch's own ops run on one thread outside prefill
+    (:func:`redlite.kernels.native.claim_threads`).
 
     A pool of sequence slots (:meth:`new_slot`, :meth:`decode_batch`; see
     :mod:`redlite.engine.slot_pool`): every slot shares ``model`` and owns a whole state of
@@ -76,6 +79,8 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
         self._use_graphs = bool(cuda_graphs and hasattr(model, "decode_step") and hasattr(self.state, "cache"))
         self.device_resident = self.device.type != "cpu"
         self._graph_decoder = None
+        if self.device.type == "cpu" and hasattr(model, "_fused") and model._fused() is not None:
+            native.claim_threads()  # before any sampling (see claim_threads)
 
     @property
     def decode_path(self) -> str:
@@ -120,7 +125,7 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             raise EngineError(f"token id out of range [0, {self.vocab_size})")
         ids = ids.to(self.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), native.torch_threads():
             for begin in range(0, n_new, self.prefill_chunk):
                 logits = self.model(ids[begin:begin + self.prefill_chunk], self.state)
         return logits[0].clone()  # a normal tensor (not an inference one): callers may edit it

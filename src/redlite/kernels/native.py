@@ -5,7 +5,8 @@ The sources (``*.c`` next to this file) are built with the system C compiler
 ``<cache root>/kernels/<hash>.so``, where the hash covers the sources, the flags and the
 compiler's version, so a build happens once per change (about 2 s) and is then reused.
 The kernels run on their own thread pool (pool.c), sized to ``torch.get_num_threads()`` when
-the library loads (:func:`set_threads` changes it).
+the library loads (:func:`set_threads` changes it). A fused decode step takes the threads
+(:func:`claim_threads`): torch's own ops then run on one thread outside :func:`torch_threads`.
 
 :func:`library` returns the loaded library, or None where it cannot be had (no compiler, a CPU
 without AVX2/FMA/F16C, a failed build: the reason is logged once); callers then use their torch
@@ -14,6 +15,7 @@ fallback. :func:`unavailable_reason` says why.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -30,6 +32,7 @@ SOURCES = ("qmatmul.c", "qmatvec.c", "qmatvec16.c", "qgemm16.c", "decode_step.c"
 HEADERS = ("gguf_blocks.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fPIC", "-shared", "-std=gnu11")
 _reason: str | None = None
+_claimed = 0  # all threads, once claim_threads() gave them to the pool (0: not claimed)
 
 
 class Part(ctypes.Structure):
@@ -121,6 +124,38 @@ def set_threads(n: int) -> None:
     lib = library()
     if lib is not None:
         lib.set_threads(int(n))
+
+
+def claim_threads() -> None:
+    """Give the kernels' pool all threads (``torch.get_num_threads()`` at the first call) and
+    torch's own ops one, outside :func:`torch_threads` (for this thread and those whose first
+    torch op comes later). A torch op run on several threads leaves torch's OpenMP workers
+    spinning for milliseconds afterwards, on the cores the pool's workers need for the next
+    products; the per-token torch ops around a decode step (a logits copy, sampling) gain
+    nothing from more threads."""
+    global _claimed
+    import torch
+
+    if not _claimed:
+        _claimed = torch.get_num_threads()
+        set_threads(_claimed)
+    torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def torch_threads():
+    """Inside: torch's ops on all threads (a prefill), back to one on leaving; does nothing
+    unless :func:`claim_threads` was called."""
+    import torch
+
+    if _claimed <= 1:
+        yield
+        return
+    torch.set_num_threads(_claimed)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)
 
 
 def unavailable_reason() -> str | None:

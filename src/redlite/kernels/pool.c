@@ -7,6 +7,13 @@
  * chunk, where a fork/join barrier (OpenMP's) waits a whole scheduler time slice. Workers spin a
  * little after each job, then sleep on a condition variable.
  *
+ * When the machine's cores are busy with other work, sharing a job costs more than it gains (the
+ * workers' spinning and their preempted chunks take the caller's time): the caller runs the next
+ * jobs alone, SOLO_MIN of them, twice as many each time again (up to SOLO_MAX), fewer after good
+ * shared ones. It does so after a job whose caller waited longer than it worked and than
+ * SLOW_WAIT_NS (a worker preempted while holding a chunk), and after WINDOW shared jobs in which
+ * the caller ran on its core less than MIN_SHARE of the time (threads preempted by other work).
+ *
  * A finished job's word is retired (next index UINT32_MAX) before pool_run returns: a worker
  * that read the word of a finished job and is late (preempted, or woken late) may read the next
  * job's n and chunk, and would otherwise claim indices of that job under the old generation,
@@ -17,17 +24,26 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "gguf_blocks.h"
 
 #define MAX_WORKERS 63
 #define SPINS 20000
+#define SOLO_MIN 256
+#define SOLO_MAX 16384
+#define SLOW_WAIT_NS 1000000  /* a wait this long: a worker was preempted, not just slower */
+#define WINDOW 128
+#define MIN_SHARE 0.8
+#define GAP_NS 1000000  /* a pause this long between shared jobs starts a new window */
 #define RETIRED 0xffffffffu  /* the next index of a finished job: above any n (n < 2^32 - 1) */
 
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int n_workers, active, sleepers;  /* active: workers that claim work (threads - 1) */
+    int64_t solo_left, solo_next;     /* jobs the caller still runs alone; the next such run's */
+    int64_t window_jobs, window_wall, window_cpu, last_end;  /* the caller's share of its core */
     _Atomic uint64_t word;  /* generation << 32 | next index */
     _Atomic int64_t done;
     task_fn fn;
@@ -71,11 +87,53 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static int64_t thread_cpu_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void go_solo(void) {
+    P.solo_next = P.solo_next < SOLO_MIN ? SOLO_MIN : (2 * P.solo_next < SOLO_MAX ? 2 * P.solo_next : SOLO_MAX);
+    P.solo_left = P.solo_next;
+}
+
+/* After a shared job (started, waiting: when the caller ran out of chunks, ended): alone for a
+ * while when sharing did not pay (see the file comment). */
+static void judge(int64_t started, int64_t waiting, int64_t ended) {
+    if (P.window_jobs == 0 || started - P.last_end > GAP_NS) {
+        P.window_jobs = 0;
+        P.window_wall = started;
+        P.window_cpu = thread_cpu_ns();
+    }
+    P.last_end = ended;
+    if (ended - waiting > waiting - started && ended - waiting > SLOW_WAIT_NS) {
+        P.window_jobs = 0;
+        go_solo();
+    } else if (++P.window_jobs == WINDOW) {
+        P.window_jobs = 0;
+        if (thread_cpu_ns() - P.window_cpu < MIN_SHARE * (ended - P.window_wall)) go_solo();
+    } else if (P.solo_next > 0) {
+        P.solo_next--;
+    }
+}
+
 /* fn(ctx, begin, end) over chunks of [0, n) (n < 2^32 - 1), on the caller and the workers;
  * returns when every chunk has run. One caller at a time. */
 void pool_run(task_fn fn, void *ctx, int64_t n, int64_t chunk) {
     if (n <= 0) return;
-    if (P.active == 0 || n <= chunk) { fn(ctx, 0, n); return; }
+    if (P.active == 0 || n <= chunk || P.solo_left > 0) {
+        if (P.solo_left > 0) P.solo_left--;
+        fn(ctx, 0, n);
+        return;
+    }
+    int64_t started = now_ns();
     uint32_t gen = (uint32_t)(atomic_load(&P.word) >> 32) + 1;
     P.fn = fn; P.ctx = ctx; P.n = n; P.chunk = chunk;
     atomic_store(&P.done, 0);
@@ -84,9 +142,11 @@ void pool_run(task_fn fn, void *ctx, int64_t n, int64_t chunk) {
     if (P.sleepers) pthread_cond_broadcast(&P.cv);
     pthread_mutex_unlock(&P.mu);
     claim_and_run(gen);
+    int64_t waiting = now_ns();
     for (int spins = 0; atomic_load_explicit(&P.done, memory_order_acquire) < n; spins++) {
         if (spins < SPINS) _mm_pause(); else sched_yield();  /* a preempted worker holds a chunk */
     }
+    judge(started, waiting, now_ns());
     /* retire the job before the next one's fields are written (see the file comment); a full
      * barrier: no later store moves before it */
     atomic_store(&P.word, ((uint64_t)gen << 32) | RETIRED);
