@@ -25,6 +25,16 @@ def greedy(engine, logits, n: int = 6) -> tuple[list[int], list[torch.Tensor]]:
     return tokens, rows
 
 
+
+def assert_continues_as_cold(slot, model, prefix: list[int], tail: list[int]) -> None:
+    """``slot`` (holding ``prefix``) fed ``tail`` decodes greedily as a cold engine fed both."""
+    got = greedy(slot, slot.prefill(tail))
+    cold = TorchEngine(model, ctx_size=64, device="cpu")
+    want = greedy(cold, cold.prefill(prefix + tail))
+    assert got[0] == want[0]
+    for a, b in zip(got[1], want[1]):
+        assert torch.allclose(a, b, atol=1e-4)
+
 def test_llama_slot_continues_from_a_copied_prefix_as_a_cold_prefill():
     model = make_llama()
     pool = TorchEngine(model, ctx_size=64, device="cpu")
@@ -35,12 +45,7 @@ def test_llama_slot_continues_from_a_copied_prefix_as_a_cold_prefill():
     before = source.snapshot()
     slot.copy_prefix(source, 12)
     assert slot.n_past == 12 and source.n_past == 20
-    got = greedy(slot, slot.prefill(tail))
-    cold = TorchEngine(model, ctx_size=64, device="cpu")
-    want = greedy(cold, cold.prefill(ids[:12] + tail))
-    assert got[0] == want[0]
-    for a, b in zip(got[1], want[1]):
-        assert torch.allclose(a, b, atol=1e-4)
+    assert_continues_as_cold(slot, model, ids[:12], tail)
     assert torch.equal(source.snapshot().tensors["kv"], before.tensors["kv"])  # untouched
 
 
@@ -55,12 +60,7 @@ def test_hybrid_slot_continues_from_copied_rows_and_a_checkpoint():
     slot.prefill(tail)
     slot.copy_prefix(source, 11)
     slot.restore_checkpoint(checkpoint)
-    got = greedy(slot, slot.prefill(tail))
-    cold = TorchEngine(model, ctx_size=64, device="cpu")
-    want = greedy(cold, cold.prefill(ids[:11] + tail))
-    assert got[0] == want[0]
-    for a, b in zip(got[1], want[1]):
-        assert torch.allclose(a, b, atol=1e-4)
+    assert_continues_as_cold(slot, model, ids[:11], tail)
     after = source.snapshot()
     for name, tensor in held.tensors.items():
         assert torch.equal(after.tensors[name], tensor), name
