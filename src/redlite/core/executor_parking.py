@@ -4,10 +4,13 @@ executor's thread (see :mod:`redlite.core.scheduler`)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from redlite.core.executor import EngineExecutor
 from redlite.core.live_state import SlotPrefix
+
+if TYPE_CHECKING:
+    from redlite.core.generation import Generator
 
 
 class ExecutorParking:
@@ -34,7 +37,7 @@ class ExecutorParking:
         if offer is not None:
             offer[1]()
 
-    def select(self, gen: Generator, prompt: list[int], request_id: str = "req", session: str | None = None) -> None:
+    def select(self, gen: "Generator", prompt: list[int], request_id: str = "req", session: str | None = None) -> None:
         """:meth:`Conversations.select <redlite.core.conversations.Conversations.select>` on the
         executor thread, with the offered prefix; the offer ends with it."""
         offer = self._offer[0] if self._offer is not None else None
