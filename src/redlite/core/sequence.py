@@ -27,7 +27,9 @@ class Sequence:
     """One slot's conversation (see module docstring). engine: the slot (an
     :class:`~redlite.engine.base.Engine`, or a proxy forwarding to one). last_used: when its
     last request ended (``time.monotonic`` seconds; placement evicts the least recent), set by
-    :meth:`touch`; :attr:`used_at`: the same moment in seconds since the epoch."""
+    :meth:`touch`; :attr:`used_at`: the same moment in seconds since the epoch. answer_start:
+    where the last generated answer starts in ``held_ids`` (for the cache-miss log), None once
+    ``held_ids`` is replaced as a whole."""
 
     engine: Any
     checkpoints: CheckpointStore
@@ -37,6 +39,13 @@ class Sequence:
     hits: int = 0
     answer_start: int | None = None
     last_used: float = field(default_factory=time.monotonic)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # held ids replaced as a whole (another conversation installed, copied or reset): the
+        # answer start belonged to the old ones
+        if name == "held_ids" and "held_ids" in self.__dict__:
+            object.__setattr__(self, "answer_start", None)
+        object.__setattr__(self, name, value)
 
     def touch(self) -> None:
         """Mark the conversation used now (a request on it ended)."""
