@@ -119,6 +119,7 @@ class ChatStream:
         self.logprobs: list[list] = [[] for _ in range(self.n)]
         self._pending: list = []
         self.token_texts = token_texts
+        self._client_left = False
 
     def take_logprobs(self) -> list:
         """The logprob records that arrived since the last call."""
@@ -126,6 +127,9 @@ class ChatStream:
         return taken
 
     def cancel(self) -> None:
+        """Stop the generation: the HTTP client has left (an answer it cuts is a 499, not the
+        503 of a shutdown)."""
+        self._client_left = True
         self._job.cancel()
 
     def __aiter__(self) -> AsyncIterator[OutputEvent]:
@@ -142,6 +146,8 @@ class ChatStream:
             elif event.kind == "done":
                 generation: GenerationResult = event.value
                 if generation.finish_reason == "cancelled":
+                    if self._client_left:
+                        raise APIError(499, "client closed the request")
                     raise APIError(503, "server is shutting down; the answer was cut off",
                                    None, "shutting_down")
                 self.result = ChatResult(generation.output, Usage(
