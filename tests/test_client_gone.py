@@ -48,3 +48,51 @@ def test_a_client_leaving_a_non_streamed_answer_is_499():
         state.worker.shutdown(wait_s=2.0)
     start = next(m for m in sent if m["type"] == "http.response.start")
     assert start["status"] == 499
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_a_quick_retry_reuses_what_the_left_request_prefilled(parallel, caplog):
+    """The client of a long prompt leaves during its prefill and sends it again at once (the
+    official clients retry a timed-out request): the retry waits for the slot that keeps what
+    was prefilled (``--parallel 4`` as ``--parallel 1``), not an empty one."""
+    from inprocess import async_client
+
+    state = echo_state(engine=EchoEngine(prefill_delay_ms=1.0), parallel=parallel, prefill_chunk=200)
+    app = create_app(state)
+    prompt = "a long prompt with many words in it " * 60
+    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": 4}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
+             "server": ("127.0.0.1", 8000),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+
+    async def main():
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        gone = asyncio.Event()
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            await asyncio.sleep(0.5)  # mid-prefill: 2,000+ tokens at 1 ms each
+            gone.set()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            pass
+
+        first = asyncio.ensure_future(app(scope, receive, send))
+        await gone.wait()
+        async with async_client(app) as client:
+            r = await client.post("/v1/chat/completions", json=json.loads(body))
+        await asyncio.wait_for(first, 30)
+        return r.json()["usage"]
+
+    try:
+        with caplog.at_level("INFO", logger="redlite.generation"):
+            usage = asyncio.run(asyncio.wait_for(main(), 40))
+    finally:
+        state.worker.shutdown(wait_s=2.0)
+    stopped = next(m for m in caplog.messages if "prefill stopped at" in m)
+    kept = int(stopped.split("prefill stopped at ")[1].split()[0])
+    assert kept >= 200 and usage["prompt_tokens_details"]["cached_tokens"] == kept

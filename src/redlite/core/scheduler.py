@@ -12,7 +12,9 @@ The same contract as :class:`redlite.core.worker.EngineWorker` (``submit``, ``sh
 - jobs are admitted in arrival order while a slot is idle; at most ``max_queue`` wait behind
   the N running ones, one more is :class:`QueueFull`; a waiting job whose client has gone is
   skipped; the slot is chosen by :func:`redlite.core.placement.place` (a slot API task
-  runs in the slot it names, when that slot is idle: later jobs wait behind it);
+  runs in the slot it names, when that slot is idle: later jobs wait behind it); a job whose
+  best prefix is in a slot whose request its client has left (still running to its next
+  chunk or token) waits for that slot: a client's retry keeps what was prefilled;
 - when placement names another idle slot to copy a prefix from, that slot is lent to the
   job's candidate step (:meth:`ExecutorParking.lend`): it takes no job until that step is
   over, so what is copied from it, on the executor thread, cannot change meanwhile (a job
@@ -130,6 +132,8 @@ class Scheduler:
                 idle = [lane for lane in idle if lane.index == request.slot]
             if not idle:
                 return
+            if self._draining_is_best(idle, request):  # a retry of a request its client left
+                return
             placement = place([_view(lane) for lane in idle], request.prompt_ids, request.session_key)
             chosen = self.lanes[placement.slot]
             if chosen.lent:  # its prefix is being copied: the job waits for it
@@ -145,6 +149,21 @@ class Scheduler:
                 parking.lend(SlotPrefix(source.generator, source.proxy.target, source.index),
                              functools.partial(self._returned, source))
             self._lock.notify_all()
+
+    def _draining_is_best(self, idle: list[_Lane], request) -> bool:
+        """Whether a slot whose request was cancelled (its client left) but still runs to its
+        next prefill chunk or token holds the best usable prefix for ``request``: a client's
+        retry then waits for that slot, which keeps what was prefilled, instead of starting
+        over in another (as ``--parallel 1`` would reuse it)."""
+        if isinstance(request, EngineTask):
+            return False
+        draining = [lane for lane in self.lanes
+                    if lane.job is not None and lane.job.request.cancelled.is_set() and lane.generator.held_ids]
+        if not draining:
+            return False
+        views = [_view(lane) for lane in idle] + [_view(lane, settling=True) for lane in draining]
+        best = self.lanes[place(views, request.prompt_ids, request.session_key).slot]
+        return best.job is not None
 
     def _returned(self, lane: _Lane) -> None:
         """A candidate step that could copy ``lane``'s prefix is over: it may take jobs again."""
@@ -215,10 +234,14 @@ class Scheduler:
         return any(lane.thread.is_alive() for lane in self.lanes) or self.executor._thread.is_alive()
 
 
-def _view(lane: _Lane) -> SlotView:
+def _view(lane: _Lane, settling: bool = False) -> SlotView:
+    """``lane`` as placement sees it; ``settling``: its cancelled request is still running and
+    its held ids (a copy: they may grow by the chunk in flight) count as trusted, as they will
+    be once it stops."""
     gen = lane.generator
-    return SlotView(lane.index, gen.held_ids, trusted(gen), gen.engine.can_rewind,
-                    gen.checkpoints.positions, gen.session_key, gen.sequence.last_used)
+    held = list(gen.held_ids) if settling else gen.held_ids
+    return SlotView(lane.index, held, settling or trusted(gen), gen.engine.can_rewind,
+                    list(gen.checkpoints.positions), gen.session_key, gen.sequence.last_used)
 
 
 def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16,
