@@ -15,7 +15,7 @@ This module must not import torch (the core uses it with the echo engine).
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from redlite.engine.errors import EngineError
 
@@ -23,16 +23,16 @@ PICKED = -1  # a decode_batch token: "this slot's pending greedy pick" (see the 
 
 
 class PickHandle:
-    """The greedy ids of one batch step's rows. This base holds ids already on the host;
-    engines on a device subclass it (:meth:`_read` waits for the device). Thread-safe: the
-    first :meth:`ids` call reads, later ones return the same list."""
+    """The greedy ids of one batch step's rows: ``ids`` already on the host, or ``read`` (a
+    callable returning them, waiting for the device; engines on a device pass it). Thread-safe:
+    the first :meth:`ids` call reads, later ones return the same list."""
 
-    def __init__(self, ids: Sequence[int] | None = None) -> None:
+    def __init__(self, ids: Sequence[int] | None = None, read: Callable[[], Sequence[int]] | None = None) -> None:
+        if (ids is None) == (read is None):
+            raise ValueError("a PickHandle takes ids or read, one of them")
         self._ids = None if ids is None else [int(i) for i in ids]
+        self._read = read
         self._lock = threading.Lock()
-
-    def _read(self) -> list[int]:
-        raise NotImplementedError
 
     def ids(self) -> list[int]:
         """The picked ids, in the rows' order (blocks until the device has them)."""

@@ -117,7 +117,7 @@ class DevicePicks(PickHandle):
     and read after its event (on CPU read directly)."""
 
     def __init__(self, rows: Sequence[torch.Tensor]) -> None:
-        super().__init__()
+        super().__init__(read=self._read_back)
         with torch.inference_mode():
             self.tokens = torch.stack(list(rows)).argmax(dim=-1)
             self._event = None
@@ -127,7 +127,7 @@ class DevicePicks(PickHandle):
                 self._event = torch.cuda.Event()
                 self._event.record()
 
-    def _read(self) -> list[int]:
+    def _read_back(self) -> list[int]:
         if self._event is None:
             return self.tokens.tolist()
         self._event.synchronize()
