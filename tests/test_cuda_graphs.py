@@ -118,6 +118,42 @@ def test_engine_static_path_survives_rewind_reset_restore_on_cpu():
     assert static.decode_path == "static-eager/torch"
 
 
+def test_short_prefill_through_the_decode_step_equals_eager_prefill():
+    # graph_prefill_tokens: prefills that short run as decode steps (the static path on CPU)
+    model = make_model("qwen3_qk_norm")
+    eager = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=False)
+    stepped = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=True)
+    stepped.graph_prefill_tokens = 4
+    for engine in (eager, stepped):
+        engine.prefill(ids(10, seed=2))
+    calls = []
+    step = stepped._graph_step
+    stepped._graph_step = lambda token: calls.append(token) or step(token)
+    for n in (1, 4, 5):  # 5 > 4: one eager pass
+        want, got = eager.prefill(ids(n, seed=n)), stepped.prefill(ids(n, seed=n))
+        assert stepped.n_past == eager.n_past
+        assert (want - got).abs().max().item() < 1e-5
+    assert calls == ids(1, seed=1) + ids(4, seed=4)
+    assert (eager.decode(7) - stepped.decode(7)).abs().max().item() < 1e-5
+    assert TorchEngine(model, ctx_size=48, device="cpu").graph_prefill_tokens == 0  # default: never
+
+
+def test_short_prefill_falls_back_to_eager_when_the_graph_step_fails():
+    model = make_model("qwen3_qk_norm")
+    eager = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=False)
+    stepped = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=True)
+    stepped.graph_prefill_tokens = 8
+    step, fed = stepped._graph_step, []
+
+    def fails_third(token):
+        fed.append(token)
+        return step(token) if len(fed) < 3 else None
+    stepped._graph_step = fails_third
+    want, got = eager.prefill(ids(6, seed=4)), stepped.prefill(ids(6, seed=4))
+    assert stepped.n_past == eager.n_past == 6
+    assert (want - got).abs().max().item() < 1e-5
+
+
 TRITON_CHECK = Path(__file__).parent / "triton_kernel_check.py"
 
 

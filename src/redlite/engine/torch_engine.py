@@ -124,11 +124,31 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
         ids = torch.as_tensor(token_ids, dtype=torch.long)
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             raise EngineError(f"token id out of range [0, {self.vocab_size})")
-        ids = ids.to(self.device)
+        done = 0
+        if self._use_graphs and n_new <= self.graph_prefill_tokens:
+            with torch.inference_mode():
+                while done < n_new and (logits := self._graph_step(int(token_ids[done]))) is not None:
+                    self.state.n_past += 1
+                    done += 1
+            if done == n_new:
+                return logits[0].clone()
+        ids = ids[done:].to(self.device)
         with torch.inference_mode(), native.torch_threads():
-            for begin in range(0, n_new, self.prefill_chunk):
+            for begin in range(0, n_new - done, self.prefill_chunk):
                 logits = self.model(ids[begin:begin + self.prefill_chunk], self.state)
         return logits[0].clone()  # a normal tensor (not an inference one): callers may edit it
+
+    @property
+    def graph_prefill_tokens(self) -> int:
+        """Prefills of at most this many tokens run token by token through the captured decode
+        step (one graph replay each) instead of one eager forward pass, whose kernel launches
+        cost more than that on a GPU; 0 (the default): never. Shared by the slots of a pool;
+        set by the start-up warm-up from a measurement (:func:`redlite.engine.warmup.warm_up`)."""
+        return self._shared.get("graph_prefill_tokens", 0)
+
+    @graph_prefill_tokens.setter
+    def graph_prefill_tokens(self, n: int) -> None:
+        self._shared["graph_prefill_tokens"] = max(0, int(n))
 
     def decode(self, token_id: int) -> torch.Tensor:
         """Feed one token; return float32 logits ``[vocab]`` of the next position.

@@ -23,12 +23,14 @@ log = logging.getLogger("redlite.warmup")
 @dataclass
 class WarmupReport:
     """seconds: wall time of the warm-up (0 when skipped). graphs: CUDA graphs captured.
-    prefills: the prefill lengths run. skipped: why nothing was done (None when it ran)."""
+    prefills: the prefill lengths run. skipped: why nothing was done (None when it ran).
+    graph_prefill_tokens: the engine's measured ``graph_prefill_tokens`` (0: not set)."""
 
     seconds: float = 0.0
     graphs: int = 0
     prefills: tuple[int, ...] = ()
     skipped: str | None = None
+    graph_prefill_tokens: int = 0
 
 
 def warm_up(engine, tokenizer=None, prefill_chunk: int = 512, devices=("cuda",)) -> WarmupReport:
@@ -54,6 +56,8 @@ def warm_up(engine, tokenizer=None, prefill_chunk: int = 512, devices=("cuda",))
         report.prefills = _prefills(engine, prefill_chunk)
         report.graphs = _graphs(engine)
         _streams(engine)
+        if report.graphs and device.type == "cuda":
+            report.graph_prefill_tokens = _graph_prefill(engine)
         engine.reset()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -61,6 +65,36 @@ def warm_up(engine, tokenizer=None, prefill_chunk: int = 512, devices=("cuda",))
     log.info("warm-up done in %.2f s: %d CUDA graphs (decode path %s), prefill shapes %s, "
              "ready", report.seconds, report.graphs, engine.decode_path, list(report.prefills))
     return report
+
+
+def _graph_prefill(engine, probe: int = 8, cap: int = 64) -> int:
+    """Measure an eager ``probe``-token prefill against ``probe`` graph decode steps (best of
+    3, on a few held tokens) and set ``engine.graph_prefill_tokens`` to how many graph steps
+    cost no more than the eager pass (at most ``cap``): on a GPU an eager pass of a few tokens
+    is bound by its kernel launches (tens of ms for a 9B hybrid), a replay is not. Returns it."""
+    import torch
+
+    ids = _ids(probe, engine.vocab_size)
+    engine.graph_prefill_tokens = 0
+
+    def best(run) -> float:
+        times = []
+        for _ in range(3):
+            engine.reset()
+            engine.prefill(ids[:3])
+            torch.cuda.synchronize(engine.device)
+            started = time.perf_counter()
+            run()
+            torch.cuda.synchronize(engine.device)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    eager = best(lambda: engine.prefill(ids))
+    step = best(lambda: [engine.decode(token) for token in ids]) / probe
+    engine.graph_prefill_tokens = max(1, min(cap, int(eager / step)))
+    log.info("prefills of <= %d tokens run through the decode graph (an eager %d-token prefill "
+             "took %.1f ms, a graph step %.2f ms)", engine.graph_prefill_tokens, probe, 1e3 * eager, 1e3 * step)
+    return engine.graph_prefill_tokens
 
 
 def _ids(n: int, vocab: int) -> list[int]:
