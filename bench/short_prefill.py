@@ -8,7 +8,8 @@ Usage (CUDA)::
 
 Per shape (bench/serve_gpu.py's random-weight models): ``--held`` random KV rows (and, for the
 hybrid, states as they are), then for each size T the best of 5 of ``engine.prefill(T ids)``
-(eager, as the server's prefill runs it) and of T graph decode steps, each to the first id read
+(eager), of ``engine.prefill`` as the server runs it after the start-up warm-up (which sets
+``graph_prefill_tokens``), and of T graph decode steps, each to the first id read
 back. ``--profile T``: a torch.profiler table (self CPU time) of one eager T-token prefill.
 """
 
@@ -29,22 +30,37 @@ import serve_gpu  # noqa: E402
 
 def timed(fn, reps: int = 5) -> float:
     best = float("inf")
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for _ in range(reps):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         best = min(best, time.perf_counter() - t0)
     return 1e3 * best
 
 
-def run_shape(shape: str, args, tok_dir: Path, eos, vocab: int, work: Path) -> dict:
+def run_shape(shape: str, args, eos, vocab: int) -> dict:
     from redlite.engine.torch_engine import TorchEngine
 
     ctx = args.held + 2048
-    _dir, model = serve_gpu.build_dir(shape, tok_dir, work, eos, vocab, ctx)
+    if shape in serve_gpu.HYBRID:
+        _cfg, model = serve_gpu.hybrid_model(shape, vocab, ctx, eos)
+    else:
+        from redlite.models.llama import LlamaModel
+
+        cfg, tensors = serve_gpu.llama_tensors(shape, vocab, ctx, eos)
+        model = LlamaModel(cfg, device=serve_gpu.DEVICE, dtype=torch.bfloat16)
+        model.load_hf_weights(tensors)
+        del tensors
+    model.eval()
     engine = TorchEngine(model, ctx_size=ctx, device=serve_gpu.DEVICE, dtype=torch.bfloat16)
-    engine.capture_graphs()
-    out: dict = {"held": args.held, "sizes": {}}
+    from redlite.engine.warmup import warm_up
+
+    report = warm_up(engine)
+    out: dict = {"held": args.held, "sizes": {}, "warmup_s": report.seconds,
+                 "graph_prefill_tokens": engine.graph_prefill_tokens}
+    print(f"[{shape}] warm-up {report.seconds:.1f} s; graph_prefill_tokens {engine.graph_prefill_tokens}", flush=True)
 
     def at_held():
         engine.reset()
@@ -53,8 +69,9 @@ def run_shape(shape: str, args, tok_dir: Path, eos, vocab: int, work: Path) -> d
     def eager(n):
         def go():
             at_held()
-            int(torch.argmax(engine.prefill_eager(list(range(5, 5 + n)))
-                             if hasattr(engine, "prefill_eager") else engine.prefill(list(range(5, 5 + n)))))
+            engine.graph_prefill_tokens, keep = 0, engine.graph_prefill_tokens
+            int(torch.argmax(engine.prefill(list(range(5, 5 + n)))))
+            engine.graph_prefill_tokens = keep
         return go
 
     def served(n):
@@ -105,8 +122,6 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
-    import tempfile
-
     from redlite.loading.tokenizer import load_tokenizer
 
     tok_dir = Path(args.tokenizer)
@@ -115,9 +130,8 @@ def main() -> None:
     vocab = json.loads(config.read_text())["vocab_size"] if config.is_file() else len(tokenizer.tokenizer)
     eos = tokenizer.eos_token_ids
     results = {}
-    with tempfile.TemporaryDirectory() as work:
-        for shape in args.shapes.split(","):
-            results[shape] = run_shape(shape, args, tok_dir, eos, vocab, Path(work))
+    for shape in args.shapes.split(","):
+        results[shape] = run_shape(shape, args, eos, vocab)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "short_prefill.json").write_text(json.dumps(results, indent=1, default=str))

@@ -49,7 +49,8 @@ class BatchGraphs:
         self.max_tokens = template_state.max_tokens
         kernels = kernels or KernelOptions()
         self.ops = ops or decode_ops(self.device, self.dtype, cache.shape[-1], cache.shape[2], model.linear,
-                                     triton=kernels.triton, pdl=kernels.pdl, gemv_configs=kernels.gemv_configs)
+                                     triton=kernels.triton, pdl=kernels.pdl, gemv_configs=kernels.gemv_configs,
+                                     batch_invariant=kernels.batch_invariant)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
         self.spans = [self.max_tokens] if self.ops.length_from_pos else bucket_spans(self.max_tokens)
         self.capture_after, self.max_graphs = max(1, int(capture_after)), max(1, int(max_graphs))

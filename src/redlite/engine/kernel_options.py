@@ -18,7 +18,12 @@ class KernelOptions:
     supports it. ``gemv_configs``: a JSON file of tuned GEMV launch settings (written by
     ``bench/gpu_tune.py --gemv --save``); None: the built-in table. ``fla``: the
     flash-linear-attention kernels for Gated DeltaNet layers on CUDA when the package imports.
-    ``onednn``: oneDNN's linear op on CPU where it probes correct (False: ``F.linear``)."""
+    ``onednn``: oneDNN's linear op on CPU where it probes correct (False: ``F.linear``).
+    ``batch_invariant``: with the Triton ops, a batched decode step (``--parallel``) computes
+    each sequence's row bitwise as that sequence's step alone (its products through
+    :mod:`redlite.layers.triton_gemv_rows`, its attention sliced as alone), so the same request
+    and seed give the same output whatever else runs; False: cuBLAS products, faster at large
+    batches, equal to the lone step only up to rounding."""
 
     cuda_graphs: bool = True
     triton: bool = True
@@ -26,6 +31,7 @@ class KernelOptions:
     gemv_configs: str | None = None
     fla: bool = True
     onednn: bool = True
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.pdl not in (None, 0, 1, 2):
@@ -50,6 +56,10 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                             "when the package is installed")
     group.add_argument("--onednn", action=argparse.BooleanOptionalAction, default=True,
                        help="on CPU, oneDNN's linear op where it probes correct (--no-onednn: F.linear)")
+    group.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=False,
+                       help="on CUDA with --parallel, every sequence in a batched decode step gets "
+                            "bitwise the logits it gets alone (same seed, same output whatever else "
+                            "runs); slower than cuBLAS products at large batches")
 
 
 def kernel_options_from_args(args: argparse.Namespace) -> KernelOptions:

@@ -197,7 +197,10 @@ class TritonDecodeOps(TorchDecodeOps):
     ``OSError``/``ValueError`` when unreadable). ``pdl_attention``: the mode of the attention kernel (0-2), default
     ``DEFAULT_PDL_ATTENTION`` when ``pdl`` is on: 0, a plain launch, because with PDL the H200
     decoded slower (bench/results/gpu-2026-11-29-nvidia-h200.md, decode-ops rows). ``name``: ``triton`` or ``triton+cublas``, then ``+pdl<mode>`` and
-    ``-attn<mode>`` when attention's mode differs.
+    ``-attn<mode>`` when attention's mode differs. ``batch_invariant`` (with ``fused_gemv``):
+    the batched step takes the one-token step's ops on ``[B, K]`` rows (:func:`gemv` computes
+    each row as alone) and slices attention as alone (``n_splits``), so each row is bitwise
+    the lone step's (:mod:`redlite.models.batch_step`).
     """
 
     length_from_pos = True
@@ -206,7 +209,7 @@ class TritonDecodeOps(TorchDecodeOps):
 
     def __init__(self, device: torch.device, n_kv_heads: int, fused_gemv: bool = True,
                  pdl: int | None = None, pdl_attention: int | None = None, head_dim: int | None = None,
-                 gemv_configs: str | None = None):
+                 gemv_configs: str | None = None, batch_invariant: bool = False):
         super().__init__(F.linear)
         from redlite.layers import triton_decode, triton_gemv
 
@@ -216,6 +219,7 @@ class TritonDecodeOps(TorchDecodeOps):
         self.counters = torch.zeros(n_kv_heads, dtype=torch.int32, device=device)
         self._bases: dict = {}  # cache-address tables of the batched attention, by addresses
         self.fused_gemv = bool(fused_gemv)
+        self.batch_invariant = bool(batch_invariant) and self.fused_gemv
         if pdl is None:
             pdl = self.DEFAULT_PDL if triton_gemv.pdl_supported(device) else 0
         if pdl_attention is None:
@@ -263,7 +267,7 @@ class TritonDecodeOps(TorchDecodeOps):
 
         batch = qkv.shape[0]
         bases = tba.cache_bases(caches, qkv.device, self._bases)
-        splits = tba.batch_splits(qkv.device, n_kv_heads, batch, head_dim)
+        splits = self.n_splits if self.batch_invariant else tba.batch_splits(qkv.device, n_kv_heads, batch, head_dim)
         out = tba.batch_decode_attention(qkv.contiguous(), pos, cos, sin, norm_weight, eps, bases, caches[0], layer,
                                          n_heads, n_kv_heads, head_dim, window, splits, gated=gated,
                                          k_norm_weight=k_norm)
@@ -307,16 +311,17 @@ def triton_available() -> bool:
 
 def decode_ops(device: torch.device | str, dtype: torch.dtype, head_dim: int, n_kv_heads: int,
                linear=F.linear, *, triton: bool = True, pdl: int | None = None,
-               gemv_configs: str | None = None) -> TorchDecodeOps:
+               gemv_configs: str | None = None, batch_invariant: bool = False) -> TorchDecodeOps:
     """The ops for a decode step on ``device`` in ``dtype``: Triton kernels on CUDA for
     float32/bfloat16/float16 and a power-of-two ``head_dim`` >= 16 when ``triton`` and Triton
-    imports (``pdl``, ``gemv_configs``: see :class:`TritonDecodeOps`), else the torch
+    imports (``pdl``, ``gemv_configs``, ``batch_invariant``: see :class:`TritonDecodeOps`), else the torch
     reference with ``linear`` (the model's linear function)."""
     device = torch.device(device)
     pow2 = head_dim >= 16 and head_dim & (head_dim - 1) == 0
     if (device.type == "cuda" and pow2 and dtype in (torch.float32, torch.bfloat16, torch.float16)
             and triton and triton_available()):
-        return TritonDecodeOps(device, n_kv_heads, head_dim=head_dim, pdl=pdl, gemv_configs=gemv_configs)
+        return TritonDecodeOps(device, n_kv_heads, head_dim=head_dim, pdl=pdl, gemv_configs=gemv_configs,
+                               batch_invariant=batch_invariant)
     if device.type == "cuda" and triton:
         log.warning("decode step uses torch ops (Triton missing or head_dim %d unsupported)", head_dim)
     return TorchDecodeOps(linear)

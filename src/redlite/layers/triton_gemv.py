@@ -212,6 +212,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     * otherwise ``W @ x`` [1, N] in x's dtype, or float32 (rounded to x's dtype first) when
       ``out_float32``.
 
+    ``x`` [M, K] (M > 1, rows contiguous; ``residual`` [M, N]): M tokens, each row bitwise as
+    alone (:func:`redlite.layers.triton_gemv_rows.gemv_rows`; ``pdl`` and ``config`` unused).
+
     ``norm_weight`` [K]: RMSNorm ``x`` with it and ``eps`` first (``zero_centered``: the
     Qwen3.5 form ``x * rstd * (1 + w)``, as :func:`redlite.layers.norm.zero_centered_rms_norm`
     rounds). ``pdl`` (only where
@@ -222,16 +225,23 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     Raises ``ValueError`` on mismatched shapes.
     """
     k = x.shape[-1]
+    m = x.numel() // k if k else 0
     rows = weight.shape[0] // 2 if gated else weight.shape[0]
-    if x.numel() != k or weight.shape[1] != k or (gated and weight.shape[0] % 2):
+    if x.numel() != m * k or m < 1 or weight.shape[1] != k or (gated and weight.shape[0] % 2) \
+            or (m > 1 and (x.dim() != 2 or x.stride(1) != 1)):
         raise ValueError(f"gemv: x {tuple(x.shape)} does not match weight {tuple(weight.shape)}")
     mode = RESIDUAL if residual is not None else (GATED if gated else PLAIN)
     if residual is not None:
-        if residual.numel() != rows or not residual.is_contiguous():
-            raise ValueError(f"gemv: residual {tuple(residual.shape)} for {rows} rows")
+        if residual.numel() != m * rows or not residual.is_contiguous():
+            raise ValueError(f"gemv: residual {tuple(residual.shape)} for {m} x {rows} rows")
         out = residual
     else:
-        out = torch.empty(1, rows, device=x.device, dtype=torch.float32 if out_float32 else x.dtype)
+        out = torch.empty(m, rows, device=x.device, dtype=torch.float32 if out_float32 else x.dtype)
+    if m > 1:
+        from redlite.layers.triton_gemv_rows import gemv_rows
+
+        return gemv_rows(x, weight, bias, mode, rows, out.view(m, rows), norm_weight=norm_weight, eps=eps,
+                         out_float32=out_float32, zero_centered=zero_centered, configs=configs)
     block_n, block_k, warps, stages, per_sm = config or gemv_config(mode, rows, k, configs)
     n_blocks = triton.cdiv(rows, block_n)
     programs = min(n_blocks, per_sm * _sm_count(x.device)) if per_sm else n_blocks

@@ -8,7 +8,9 @@ are read once per step); the work that belongs to one sequence runs per row thro
 decode ops of the single-sequence step (:mod:`redlite.layers.decode_ops`): q/k norm, rotary,
 the KV write and attention over that sequence's own cache (``rope_attend`` /
 ``gated_rope_attend``), and for the Qwen3.5 hybrid the Gated DeltaNet step over its own conv
-and recurrent states (``gdn_step``) and mixture-of-experts routing (``moe``).
+and recurrent states (``gdn_step``) and mixture-of-experts routing (``moe``). With ops whose
+``batch_invariant`` is set (llama family), the step is the lone ``decode_step``'s ops on B rows,
+each row bitwise what that sequence's step alone gives.
 """
 
 from __future__ import annotations
@@ -43,6 +45,17 @@ def _llama_step(model, tokens, pos, states, span, ops) -> torch.Tensor:
     cos, sin = model.rotary.get(0, states[0].max_tokens, x.device, x.dtype)
     caches = [state.cache for state in states]
     layers = model.layers
+    if getattr(ops, "batch_invariant", False):  # the lone decode_step's ops, on B rows
+        for i, layer in enumerate(layers):
+            attn, mlp = layer.attn, layer.mlp
+            qkv = ops.norm_linear(x, layer.input_norm.weight, layer.input_norm.eps, attn.qkv_weight, attn.qkv_bias)
+            out = ops.batch_rope_attend(qkv, pos, cos, sin, attn.qk_norm_weight, attn.norm_eps, caches, i,
+                                        attn.n_heads, attn.n_kv_heads, attn.head_dim, span, attn.window)
+            ops.linear_residual(out, attn.o_weight, attn.o_bias, x)
+            act = ops.norm_gate_up(x, layer.post_norm.weight, layer.post_norm.eps, mlp.gate_up_weight,
+                                   mlp.gate_up_bias, mlp.inter)
+            ops.linear_residual(act, mlp.down_weight, mlp.down_bias, x)
+        return ops.norm_linear(x, model.norm.weight, model.norm.eps, model.lm_head_weight, None, out_float32=True)
     h = ops.rms_norm(x, layers[0].input_norm.weight, layers[0].input_norm.eps)
     for i, layer in enumerate(layers):
         attn, mlp, post = layer.attn, layer.mlp, layer.post_norm
