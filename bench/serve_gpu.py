@@ -261,8 +261,10 @@ def engine_level(model, ctx: int, served: dict, args) -> dict:
     else:
         from hybrid_report import model_sizes
         sizes = model_sizes(model)
+    from redlite.engine.warmup import warm_up
+
     engine = TorchEngine(model, ctx_size=ctx, device=device, dtype=torch.bfloat16)
-    engine.capture_graphs()
+    warm_up(engine)  # as the server's start-up: graphs, and graph_prefill_tokens measured
     context = served["decode"][0]["prompt_tokens"]
     rate = gpu.decode_rate(engine, context, args.decode, device)
     bw = gpu.R["ceilings"]["copy_bw_Bps"]

@@ -268,6 +268,7 @@ class Generator:
             if len(request.prompt_ids) <= self.engine.max_context:
                 # candidate selection: the live state or a parked conversation (never raises)
                 self.parking.select(self, request.prompt_ids, request.request_id, request.session_key)
+        selected = self._clock()
         plan = adopt_held_spelling(self, request)
         prompt = request.prompt_ids
         if len(prompt) > self.engine.max_context:
@@ -287,6 +288,7 @@ class Generator:
             if request.session_key:
                 line += f" session={request.session_key}"
             log.info("%s %s", request.request_id, line)
+        planned = self._clock()
         logits, complete = self._execute(plan, request)
         ttft_ms = (self._clock() - started) * 1000.0
         if not complete:
@@ -295,8 +297,9 @@ class Generator:
             self.sequence.touch()
             yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan)
             return
-        log.info("%s prefill %d tok (%d cached) ttft %.1f ms%s", request.request_id,
-                 plan.prefill, plan.keep, ttft_ms,
+        log.info("%s prefill %d tok (%d cached) ttft %.1f ms (select %.1f, plan %.1f, prefill %.1f)%s",
+                 request.request_id, plan.prefill, plan.keep, ttft_ms, 1e3 * (selected - started),
+                 1e3 * (planned - selected), ttft_ms - 1e3 * (planned - started),
                  f" session={request.session_key}" if request.session_key else "")
 
         max_tokens = request.max_tokens
