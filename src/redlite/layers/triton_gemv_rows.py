@@ -25,7 +25,7 @@ import triton.language as tl
 
 from redlite.layers.triton_gemv import _load_tile, _sm_count, _x_tile, gemv_config
 
-ROWS = 4  # rows per program (a second grid axis covers more)
+MAX_ROWS = 8  # rows per program at most (a second grid axis covers more)
 
 
 @triton.jit
@@ -99,9 +99,10 @@ def gemv_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, 
     block_n, block_k, warps, stages, per_sm = gemv_config(mode, rows, k, configs)
     n_blocks = triton.cdiv(rows, block_n)
     programs = min(n_blocks, per_sm * _sm_count(x.device)) if per_sm else n_blocks
-    _gemv_rows_kernel[(programs, triton.cdiv(m, ROWS))](
+    rows_per_program = min(MAX_ROWS, triton.next_power_of_2(m))
+    _gemv_rows_kernel[(programs, triton.cdiv(m, rows_per_program))](
         weight, x, x if norm_weight is None else norm_weight, x if bias is None else bias, out,
         rows, k, float(eps), n_blocks, m, x.stride(0), out.stride(0), NORM=norm_weight is not None,
         ZC=bool(zero_centered), BIAS=bias is not None, MODE=mode, OUT_F32=out_float32,
-        BLOCK_N=block_n, BLOCK_K=block_k, ROWS=ROWS, num_warps=warps, num_stages=stages)
+        BLOCK_N=block_n, BLOCK_K=block_k, ROWS=rows_per_program, num_warps=warps, num_stages=stages)
     return out
