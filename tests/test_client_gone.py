@@ -16,16 +16,21 @@ from redlite.server.app import create_app
 pytestmark = pytest.mark.timeout(60)
 
 
+def chat_scope(body: bytes) -> dict:
+    """The ASGI scope of a chat completion request with ``body``."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8000),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+
+
 def test_a_client_leaving_a_non_streamed_answer_is_499():
     state = echo_state(engine=EchoEngine(delay_ms=20.0))
     app = create_app(state)
     body = json.dumps({"messages": [{"role": "user", "content": "tell me a long story"}],
                        "max_tokens": 400}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
-             "server": ("127.0.0.1", 8000),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    scope = chat_scope(body)
     sent: list[dict] = []
 
     async def main():
@@ -61,11 +66,7 @@ def test_a_quick_retry_reuses_what_the_left_request_prefilled(parallel, caplog):
     app = create_app(state)
     prompt = "a long prompt with many words in it " * 60
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": 4}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
-             "server": ("127.0.0.1", 8000),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    scope = chat_scope(body)
 
     async def main():
         messages = [{"type": "http.request", "body": body, "more_body": False}]
@@ -106,11 +107,7 @@ def test_a_client_leaving_a_stream_logs_its_token_counts(parallel, caplog):
     app = create_app(state)
     body = json.dumps({"messages": [{"role": "user", "content": "tell me a long story " * 20}],
                        "max_tokens": 400, "stream": True}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
-             "server": ("127.0.0.1", 8000),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    scope = chat_scope(body)
     sent: list[dict] = []
 
     async def main():
