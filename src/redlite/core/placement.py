@@ -9,7 +9,7 @@ idle slots (each holding its resident conversation, or nothing), a request takes
    regenerate, an answer the client spells differently) or, where the slot does not know where
    that answer starts, the prompt keeps at least half of what the slot holds
    (:data:`FORK_SHARE`). Another conversation sharing a prefix with the resident (a common
-   system prompt and tools, however long; an edited earlier message) does not count: copying
+   system prompt and tools, however long; an edited message) does not count: copying
    that prefix into another slot (below) is cheaper than parking the resident and bringing it
    back, which two conversations taking turns would otherwise do on every turn;
 2. on a tie: a slot that loses nothing (empty, or extended); then, among slots that would be
@@ -46,7 +46,8 @@ class SlotView:
     """An idle slot as placement sees it. held_ids: its resident conversation's tokens.
     trusted: its state agrees with them. checkpoints: positions (tokens). last_used:
     monotonic seconds of its last request's end. answer_start: where the resident's last
-    generated answer starts in held_ids (None: not known, e.g. a restored conversation)."""
+    generated answer starts in held_ids (None: not known: installed by the slot API, or cut
+    before its answer by a request that stopped in its prefill)."""
 
     index: int
     held_ids: Sequence[int]
