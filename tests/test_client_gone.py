@@ -1,6 +1,6 @@
 """A non-streamed chat request whose client leaves mid-answer ends as 499 (client closed the
 request), not as the 503 of a shutdown: client time-outs must not look like overload in the
-access log and metrics."""
+access log and metrics. A streamed one's access line carries the token counts of what ran."""
 
 from __future__ import annotations
 
@@ -16,16 +16,21 @@ from redlite.server.app import create_app
 pytestmark = pytest.mark.timeout(60)
 
 
+def chat_scope(body: bytes) -> dict:
+    """The ASGI scope of a chat completion request with ``body``."""
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+            "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8000),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+
+
 def test_a_client_leaving_a_non_streamed_answer_is_499():
     state = echo_state(engine=EchoEngine(delay_ms=20.0))
     app = create_app(state)
     body = json.dumps({"messages": [{"role": "user", "content": "tell me a long story"}],
                        "max_tokens": 400}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
-             "server": ("127.0.0.1", 8000),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    scope = chat_scope(body)
     sent: list[dict] = []
 
     async def main():
@@ -61,11 +66,7 @@ def test_a_quick_retry_reuses_what_the_left_request_prefilled(parallel, caplog):
     app = create_app(state)
     prompt = "a long prompt with many words in it " * 60
     body = json.dumps({"messages": [{"role": "user", "content": prompt}], "max_tokens": 4}).encode()
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000),
-             "server": ("127.0.0.1", 8000),
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+    scope = chat_scope(body)
 
     async def main():
         messages = [{"type": "http.request", "body": body, "more_body": False}]
@@ -96,3 +97,44 @@ def test_a_quick_retry_reuses_what_the_left_request_prefilled(parallel, caplog):
     stopped = next(m for m in caplog.messages if "prefill stopped at" in m)
     kept = int(stopped.split("prefill stopped at ")[1].split()[0])
     assert kept >= 200 and usage["prompt_tokens_details"]["cached_tokens"] == kept
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_client_leaving_a_stream_logs_its_token_counts(parallel, caplog):
+    """The stream's client leaves mid-answer: the access line waits for the generation to stop
+    (its next token) and carries prompt, reused and generated tokens as a finished one does."""
+    state = echo_state(engine=EchoEngine(delay_ms=20.0), parallel=parallel)
+    app = create_app(state)
+    body = json.dumps({"messages": [{"role": "user", "content": "tell me a long story " * 20}],
+                       "max_tokens": 400, "stream": True}).encode()
+    scope = chat_scope(body)
+    sent: list[dict] = []
+
+    async def main():
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            await asyncio.sleep(0.3)  # the client gives up mid-answer
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        await asyncio.wait_for(app(scope, receive, send), 30)
+
+    try:
+        with caplog.at_level("INFO", logger="redlite"):
+            asyncio.run(main())
+    finally:
+        state.worker.shutdown(wait_s=2.0)
+    assert next(m for m in sent if m["type"] == "http.response.start")["status"] == 200
+    access = next(r for r in caplog.records if r.name == "redlite.access")
+    assert "generated=" in access.getMessage(), access.getMessage()
+    done = next(m for m in caplog.messages if "finish cancelled" in m)
+    generated = int(done.split("generated ")[1].split()[0])
+    prompt = len(state.tokenizer.render_chat(json.loads(body)["messages"]).token_ids)
+    assert f"prompt={prompt} reused=0 generated={generated}" in access.getMessage()
+    assert 3 < generated < 400
+    assert access.access["generated"] == generated and access.access["ms"] < 2000

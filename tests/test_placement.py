@@ -53,3 +53,39 @@ def test_no_copy_when_the_chosen_slot_keeps_as_much():
     assert (placed.slot, placed.source) == (0, None)
     untrusted = SlotView(2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], False, True)
     assert place([SlotView(3, [], True, True), untrusted], prompt).source is None
+
+
+def test_another_conversation_with_a_long_shared_system_prompt_takes_the_empty_slot():
+    """Where the resident's last answer starts is known: a prompt that shares more than half of
+    the resident but cuts it before that answer is another conversation (or an edit), not a
+    continuation: it copies the prefix into the empty slot rather than parking the resident."""
+    system = list(range(100, 200))
+    resident = SlotView(0, system + [1, 1, 1] + [5, 5, 5, 5], True, True, last_used=9.0, answer_start=103)
+    empty = SlotView(1, [], True, True, last_used=1.0)
+    placed = place([resident, empty], system + [2, 2, 2])
+    assert (placed.slot, placed.source, placed.keep) == (1, 0, 100)
+    # without the answer start the old share rule applies: at least half kept is a fork
+    unknown = SlotView(0, resident.held_ids, True, True, last_used=9.0)
+    assert place([unknown, empty], system + [2, 2, 2]).slot == 0
+
+
+def test_a_cut_inside_the_last_answer_or_a_regenerate_keeps_its_own_slot():
+    prompt = [1, 2, 3, 4]
+    # the answer [10..19] spelled differently by the client: the cut falls inside it
+    own = SlotView(0, prompt + list(range(10, 20)), True, True, last_used=9.0, answer_start=4)
+    empty = SlotView(1, [], True, True, last_used=1.0)
+    assert place([own, empty], prompt + [10, 11, 99, 5]).slot == 0
+    assert place([own, empty], prompt).slot == 0  # a regenerate: the old answer is dropped
+    edit = [1, 2, 3, 7]  # the last user message edited: cut before the answer
+    assert place([own, empty], edit).slot == 1
+
+
+def test_when_every_idle_slot_is_cut_the_least_recently_used_goes_not_the_one_sharing_most():
+    """Two conversations with one system prompt, the other idle slot holding an older one: the
+    newcomer cuts the older one and copies the system prompt, it does not park the conversation
+    that was answered a moment ago (which would come back and park the newcomer in turn)."""
+    system = list(range(100, 124))
+    a = SlotView(0, system + [1] * 20 + [5] * 20, True, True, last_used=9.0, answer_start=44)
+    old = SlotView(1, [100, 7, 7, 7], True, True, last_used=1.0, answer_start=2)
+    placed = place([a, old], system + [2] * 20)
+    assert (placed.slot, placed.source, placed.keep) == (1, 0, 24)

@@ -188,6 +188,8 @@ class Generator:
             logits = engine.restore_checkpoint(checkpoint)
             del self.held_ids[plan.keep:]
             self.checkpoints.drop_after(plan.keep)
+        if self._answer_start is not None and plan.keep < self._answer_start:
+            self._answer_start = None  # the cut dropped the last answer (a cancelled prefill keeps none)
         self.failed = False
         if plan.keep == len(prompt):
             return logits, True

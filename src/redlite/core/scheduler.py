@@ -241,7 +241,8 @@ def _view(lane: _Lane, settling: bool = False) -> SlotView:
     gen = lane.generator
     held = list(gen.held_ids) if settling else gen.held_ids
     return SlotView(lane.index, held, settling or trusted(gen), gen.engine.can_rewind,
-                    list(gen.checkpoints.positions), gen.session_key, gen.sequence.last_used)
+                    list(gen.checkpoints.positions), gen.session_key, gen.sequence.last_used,
+                    gen.sequence.answer_start)
 
 
 def build_scheduler(generator: Generator, parallel: int, max_queue: int = 16,

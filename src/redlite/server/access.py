@@ -6,17 +6,22 @@ every error body). When the request ends, one line goes to the ``redlite.access`
     POST /v1/chat/completions 200 12.3 ms id=req_... prompt=41 reused=30 generated=7
 
 (duration in milliseconds from the first byte of the request to the end of the response; the
-token fields only when a generation ran). An exception that escapes the application is logged
-with its traceback and answered with 500 ``internal server error`` in the surface's error shape
-(when the response has not started yet; else the connection is closed by the server).
+token fields only when a generation ran). A generation whose client left (a stream whose
+connection closed) stops at its next prefill chunk or token, after the response has ended: the
+line waits for that, up to :data:`SETTLE_S`, so it carries the counts of what ran. An exception
+that escapes the application is logged with its traceback and answered with 500 ``internal
+server error`` in the surface's error shape (when the response has not started yet; else the
+connection is closed by the server).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from redlite.server.errors import send_error, surface_of
 
@@ -24,6 +29,7 @@ log = logging.getLogger("redlite.server")
 access_log = logging.getLogger("redlite.access")
 
 SCOPE_KEY = "redlite.context"
+SETTLE_S = 10.0  # the longest the log line waits for a cancelled generation to stop
 
 
 @dataclass
@@ -32,7 +38,10 @@ class RequestContext:
 
     tokens: (prompt, reused, generated) token counts once a generation ended, else None.
     results: the generations' results (one per choice), for the metrics.
-    session_key: the chat request's session identity (``ChatRequest.session_key``), if any."""
+    session_key: the chat request's session identity (``ChatRequest.session_key``), if any.
+    job: the engine :class:`~redlite.core.worker.Job` of the request's generation once it
+    started (:func:`redlite.server.jobs.submit`), else None. ended: when the response ended
+    (``time.perf_counter``), else None."""
 
     request_id: str = field(default_factory=lambda: f"req_{uuid.uuid4().hex[:24]}")
     started: float = field(default_factory=time.perf_counter)
@@ -40,6 +49,8 @@ class RequestContext:
     tokens: tuple[int, int, int] | None = None
     results: list = field(default_factory=list)
     session_key: str | None = None
+    job: Any = None
+    ended: float | None = None
 
     @property
     def hex(self) -> str:
@@ -110,9 +121,13 @@ class AccessMiddleware:
             else:
                 raise
         finally:
-            self._log(scope, context)
-            if self.on_end is not None:
-                self.on_end(scope, context)
+            context.ended = time.perf_counter()
+            try:
+                await _cancelled_generation_end(context)
+            finally:
+                self._log(scope, context)
+                if self.on_end is not None:
+                    self.on_end(scope, context)
 
     @staticmethod
     def _log(scope, context: RequestContext) -> None:
@@ -125,13 +140,21 @@ class AccessMiddleware:
         access_log.info(line, extra={"access": record})
 
 
+async def _cancelled_generation_end(context: RequestContext) -> None:
+    """Wait (up to :data:`SETTLE_S`) for the request's generation to end when its client left
+    and it still runs: its token counts are noted when it ends (:func:`note_event`)."""
+    job = context.job
+    if job is not None and job.request.cancelled.is_set() and not job.finished.is_set():
+        await asyncio.to_thread(job.finished.wait, SETTLE_S)
+
+
 def access_record(scope, context: RequestContext) -> dict:
     """The access log's fields (``--log-format json`` writes them): request_id, method, path,
     status, ms (duration), session_key, and once a generation ran prompt / reused / prefilled /
     generated tokens, ttft_ms and miss_reason (None for a plain extension) of its first choice."""
     record = {"request_id": context.request_id, "method": scope["method"], "path": scope["path"],
               "status": context.status,
-              "ms": round((time.perf_counter() - context.started) * 1000.0, 3),
+              "ms": round(((context.ended or time.perf_counter()) - context.started) * 1000.0, 3),
               "session_key": context.session_key}
     if context.tokens is not None:
         prompt, reused, generated = context.tokens

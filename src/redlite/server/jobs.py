@@ -9,7 +9,7 @@ from typing import Any
 
 from redlite.core.generation import GenerationRequest
 from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
-from redlite.server.access import note_event
+from redlite.server.access import context_of, note_event
 from redlite.server.errors import APIError, as_api_error
 
 RETRY_AFTER_S = 1  # the Retry-After of a 503 "server busy" (seconds)
@@ -60,6 +60,8 @@ async def submit(worker: Any, generation: GenerationRequest, http_request: Any =
     first: Event = getter.result()
     if first.kind == "error":
         raise as_api_error(first.value)
+    if scope is not None:
+        context_of(scope).job = job  # the access line waits for it if its client leaves
     return job, events
 
 
