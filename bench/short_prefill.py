@@ -54,6 +54,10 @@ def run_shape(shape: str, args, eos, vocab: int) -> dict:
         model.load_hf_weights(tensors)
         del tensors
     model.eval()
+    if args.fla_recurrent_max is not None:
+        for module in model.modules():
+            if hasattr(module, "recurrent_max_tokens"):
+                module.recurrent_max_tokens = args.fla_recurrent_max
     engine = TorchEngine(model, ctx_size=ctx, device=serve_gpu.DEVICE, dtype=torch.bfloat16)
     from redlite.engine.warmup import warm_up
 
@@ -120,6 +124,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2,4,8,20,64")
     parser.add_argument("--profile", type=int, default=0)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--fla-recurrent-max", type=int, default=None,
+                        help="hybrid: set each Gated DeltaNet layer's recurrent_max_tokens (A/B of the fla kernels)")
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
     from redlite.loading.tokenizer import load_tokenizer

@@ -393,6 +393,7 @@ def test_cuda_fla_path_matches_torch_path(cuda_pair, monkeypatch, dtype, atol):
     with torch.inference_mode():
         fla_logits = _run(model, ids, [], DECODE_STEPS, "cuda")
         fla_split = _run(model, ids, [70], DECODE_STEPS, "cuda")
+        fla_short = _run(model, ids, [60, 61, 66, 80], DECODE_STEPS, "cuda")  # recurrent-kernel pieces
         monkeypatch.setattr(gdn, "_FLA_FUNCS", None)
         torch_logits = _run(model, ids, [], DECODE_STEPS, "cuda")
     scale = torch_logits.abs().max().item()
@@ -400,6 +401,7 @@ def test_cuda_fla_path_matches_torch_path(cuda_pair, monkeypatch, dtype, atol):
           f"split {(fla_split - fla_logits).abs().max().item():.3g}, logit scale {scale:.3g}")
     assert (fla_logits - torch_logits).abs().max().item() < atol * max(1.0, scale)
     assert (fla_split - fla_logits).abs().max().item() < atol * max(1.0, scale)
+    assert (fla_short - fla_logits).abs().max().item() < atol * max(1.0, scale)
 
 
 @pytest.mark.gpu

@@ -22,7 +22,9 @@ Per token ``x`` (``hidden_size``):
 Prefill (T > 1) uses the chunked form (chunk 64); decode (T == 1) the recurrent form. On
 CUDA, when the ``flash-linear-attention`` package is importable (and the layer's ``fla`` is
 True: the CLI's ``--no-fla`` clears it), its Triton kernels ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule``
-replace the PyTorch ones.
+replace the PyTorch ones; with fla, pieces of up to ``recurrent_max_tokens`` tokens (a second
+turn's suffix) also take the recurrent kernel: one launch where the chunked form's host work
+costs about 0.7 ms per layer (bench/short_prefill.py).
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ class GatedDeltaNet(nn.Module):
     ``dt_bias`` / ``A_log`` ``[Hv]``, ``norm_weight`` ``[Dv]``, ``out_weight``
     ``[hidden, Hv*Dv]``, with ``C = 2*Hk*Dk + Hv*Dv``.
     """
+
+    recurrent_max_tokens = 32  # fla: pieces this short take the one-launch recurrent kernel
 
     def __init__(
         self,
@@ -236,7 +240,7 @@ class GatedDeltaNet(nn.Module):
         hv = self.num_value_heads
         q = expand_key_heads(q, hv).unsqueeze(0).contiguous()
         k = expand_key_heads(k, hv).unsqueeze(0).contiguous()
-        fn = rec_fn if q.shape[1] == 1 else chunk_fn
+        fn = rec_fn if q.shape[1] <= self.recurrent_max_tokens else chunk_fn
         o, final = fn(
             q=q,
             k=k,
