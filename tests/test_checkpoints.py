@@ -74,7 +74,7 @@ def ask(server, messages):
 
 
 def test_forks_restore_from_checkpoints_and_match_a_cold_server(start_server):
-    warm = start_server("--echo-no-rewind")
+    warm = start_server("--echo-no-rewind", "--checkpoint-min-piece", "0")  # a cut at every boundary
     cold = start_server("--echo-no-rewind", "--no-reuse")
     system = {"role": "system", "content": "be brief"}
     turn1 = [system, {"role": "user", "content": "first question"}]
@@ -101,3 +101,11 @@ def test_forks_restore_from_checkpoints_and_match_a_cold_server(start_server):
     assert (answer, cached) == (ask(cold, trimmed)[0], len(tok.render_chat(edited).token_ids))
     assert "restore from checkpoint at" in warm.log()
     assert "checkpoints: " in warm.log()
+
+
+def test_split_points_keep_pieces_of_at_least_min_piece():
+    # a second turn: 2 tokens of the old answer's end, an 11-token user message, a 3-token header
+    assert prefill_split_points(100, 116, [102, 113], 1024, min_piece=32) == [116]
+    assert prefill_split_points(100, 116, [102, 113], 1024, min_piece=0) == [102, 113, 116]
+    # long prompts keep their boundaries and interval cuts, less those too close to a neighbour
+    assert prefill_split_points(0, 3000, [5, 40, 2000, 2990, 3000], 1024, min_piece=32) == [40, 1024, 2000, 2048, 3000]

@@ -88,6 +88,10 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
                        help="server-side cap on the tokens generated for any request (0: none)")
     parser.add_argument("--no-reuse", action="store_true", help="never reuse held state (every plan resets)")
     parser.add_argument("--checkpoint-interval", type=int, default=1024, help="tokens between checkpoints in long prefills")
+    parser.add_argument("--checkpoint-min-piece", type=int, default=None,
+                        help="fewest tokens between two checkpoint cuts of one prefill (each piece costs a "
+                             "forward pass; 0: a cut at every message boundary; default: the engine's, 64 "
+                             "on a GPU after the warm-up, else 0)")
     parser.add_argument("--checkpoint-mib", type=float, default=512.0,
                        help="memory for recurrent-state checkpoints (models that cannot rewind); 0: none")
     parser.add_argument("--park-mib", type=float, default=2048.0,

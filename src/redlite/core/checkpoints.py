@@ -21,18 +21,25 @@ from typing import Iterable, Sequence
 from redlite.engine.base import Checkpoint
 
 
-def prefill_split_points(start: int, end: int, message_ends: Iterable[int], interval: int) -> list[int]:
+def prefill_split_points(start: int, end: int, message_ends: Iterable[int], interval: int,
+                         min_piece: int = 0) -> list[int]:
     """Positions (tokens, ascending, each in ``(start, end]``) at which a prefill of tokens
     ``[start, end)`` is cut so a checkpoint can be taken; always ends with ``end``.
 
     message_ends: message boundary positions of the prompt. interval: checkpoint every
-    ``interval`` absolute positions (0 disables).
+    ``interval`` absolute positions (0 disables). min_piece: a cut closer than this to the
+    previous cut (or ``start``) or to ``end`` is dropped: every piece is a forward pass whose
+    fixed cost (kernel launches: tens of ms on a GPU) outweighs re-reading that few tokens from
+    the neighbouring checkpoint later (a second turn's few new tokens stay one piece).
     """
-    points = {end}
-    points.update(p for p in message_ends if start < p < end)
-    if interval > 0:
-        points.update(range((start // interval + 1) * interval, end, interval))
-    return sorted(points)
+    points = sorted({p for p in message_ends if start < p < end}
+                    | (set(range((start // interval + 1) * interval, end, interval)) if interval > 0 else set()))
+    kept, last = [], start
+    for point in points:
+        if point - last >= min_piece and end - point >= min_piece:
+            kept.append(point)
+            last = point
+    return kept + [end]
 
 
 def preamble_end(message_ends: Sequence[int], roles: Sequence[str]) -> int | None:

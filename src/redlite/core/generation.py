@@ -112,10 +112,13 @@ class GeneratorSettings:
     max_tokens: server-side cap on generated tokens for every request (``--max-tokens``; None:
     no cap). same_bytes: keep held ids where a prompt re-tokenizes bytes the state holds
     (:mod:`redlite.core.same_bytes`; ``--replay exact``, with a tokenizer that has
-    ``token_bytes``)."""
+    ``token_bytes``). checkpoint_min_piece: the fewest tokens between two checkpoint cuts of
+    one prefill (``--checkpoint-min-piece``; see :func:`prefill_split_points`); None: the
+    engine's ``checkpoint_min_piece`` (0 where it has none: a cut at every boundary)."""
 
     reuse: bool = True
     checkpoint_interval: int = 1024
+    checkpoint_min_piece: int | None = None
     checkpoint_bytes: int = 512 << 20
     prefill_chunk: int = 512
     max_tokens: int | None = None
@@ -197,7 +200,7 @@ class Generator:
             ends = [len(prompt)]
         else:  # checkpoints on message boundaries, every checkpoint_interval tokens, at the end
             ends = prefill_split_points(plan.keep, len(prompt), request.message_ends,
-                                        self.settings.checkpoint_interval)
+                                        self.settings.checkpoint_interval, self._min_piece())
         preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info])
         if preamble is not None and preamble <= plan.keep:  # kept (e.g. a restored conversation)
             self.checkpoints.pin(preamble)
@@ -221,6 +224,11 @@ class Generator:
         if len(ends) > 1 or not engine.can_rewind:
             log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
         return logits, True
+
+    def _min_piece(self) -> int:
+        if self.settings.checkpoint_min_piece is not None:
+            return self.settings.checkpoint_min_piece
+        return int(getattr(self.engine, "checkpoint_min_piece", 0))
 
     # --- the generation loop ------------------------------------------------------------------
 

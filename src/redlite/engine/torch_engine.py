@@ -150,6 +150,18 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
     def graph_prefill_tokens(self, n: int) -> None:
         self._shared["graph_prefill_tokens"] = max(0, int(n))
 
+    @property
+    def checkpoint_min_piece(self) -> int:
+        """The fewest tokens the generator puts between two checkpoint cuts of one prefill
+        (:func:`redlite.core.checkpoints.prefill_split_points`); 0 (the default): a cut at every
+        message boundary. Shared by a pool's slots; the GPU warm-up sets it
+        (:data:`redlite.engine.warmup.GPU_CHECKPOINT_MIN_PIECE`)."""
+        return self._shared.get("checkpoint_min_piece", 0)
+
+    @checkpoint_min_piece.setter
+    def checkpoint_min_piece(self, n: int) -> None:
+        self._shared["checkpoint_min_piece"] = max(0, int(n))
+
     def decode(self, token_id: int) -> torch.Tensor:
         """Feed one token; return float32 logits ``[vocab]`` of the next position.
         Raises ``EngineError`` on context overflow or an id out of range."""

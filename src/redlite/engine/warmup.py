@@ -19,6 +19,11 @@ from dataclasses import dataclass
 
 log = logging.getLogger("redlite.warmup")
 
+# On a GPU an eager prefill of up to ~64 tokens costs about the same (its kernel launches), so a
+# checkpoint cut closer than this to another costs a pass on every such prefill and saves
+# less than one pass on the rare restore at it (bench/results/short-prefill-2026-12-02-*.md).
+GPU_CHECKPOINT_MIN_PIECE = 64
+
 
 @dataclass
 class WarmupReport:
@@ -58,6 +63,8 @@ def warm_up(engine, tokenizer=None, prefill_chunk: int = 512, devices=("cuda",))
         _streams(engine)
         if report.graphs and device.type == "cuda":
             report.graph_prefill_tokens = _graph_prefill(engine)
+            if not engine.can_rewind:
+                engine.checkpoint_min_piece = GPU_CHECKPOINT_MIN_PIECE
         engine.reset()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

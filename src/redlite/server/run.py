@@ -109,6 +109,7 @@ def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
     log.info("engine %s model %s context %d tokens, loaded in %.2f s", args.engine,
              engine.model_id, engine.max_context, time.perf_counter() - started)
     settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
+                                 checkpoint_min_piece=getattr(args, "checkpoint_min_piece", None),
                                  checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)),
                                  prefill_chunk=max(1, args.prefill_chunk),
                                  max_tokens=args.max_tokens if args.max_tokens > 0 else None,
