@@ -26,30 +26,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x += delta`` in place (when given), then :func:`rms_norm` of ``x`` (a new tensor):
-    a pre-norm block's residual add and the next norm."""
-    if delta is not None:
-        x.add_(delta)
-    return rms_norm(x, weight, eps)
-
-
-def add_rms_norm_kernel(device: torch.device | str, dtype: torch.dtype, triton: bool = True):
-    """The :func:`add_rms_norm` to use for ``x`` [T, d] (contiguous) on ``device``: on CUDA with
-    ``triton`` (and Triton importable) the one-launch kernel of the decode step
-    (:func:`redlite.layers.triton_decode.add_rms_norm`, same rounding, float32 sums in another
-    order), where torch ops launch eight kernels per norm: a prefill of a few tokens on a GPU
-    is bound by its launches. Else the torch function."""
-    if torch.device(device).type == "cuda" and triton and dtype in (torch.float32, torch.bfloat16, torch.float16):
-        from redlite.layers.decode_ops import triton_available
-
-        if triton_available():
-            from redlite.layers import triton_decode
-
-            return triton_decode.add_rms_norm
-    return add_rms_norm
-
-
 class RMSNorm(nn.Module):
     """RMSNorm with a learned scale ``weight`` of shape ``[dim]`` (uninitialised until loaded)."""
 

@@ -20,7 +20,7 @@ from redlite.layers.attention import Attention, prefill_mask
 from redlite.layers.kv_cache import KVCache
 from redlite.layers.linear import assign_weight, embedding, linear_kernel
 from redlite.layers.mlp import SwiGLU
-from redlite.layers.norm import RMSNorm, add_rms_norm_kernel, rms_norm
+from redlite.layers.norm import RMSNorm, rms_norm
 from redlite.layers.rotary import RotaryTable
 from redlite.models.base import CausalLM, ModelState
 
@@ -136,15 +136,12 @@ class DecoderLayer(nn.Module):
 class LlamaModel(CausalLM):
     """A Llama-family causal LM built from a ``config.json`` dict; weights are uninitialised
     until :meth:`load_hf_weights`. ``device``/``dtype``: where and how weights are held.
-    ``kernels``: the engine's kernel options (its ``onednn`` picks the linear function, its
-    ``triton`` the residual-add + norm of prefill on CUDA: :func:`add_rms_norm_kernel`)."""
+    ``kernels``: the engine's kernel options (its ``onednn`` picks the linear function)."""
 
     def __init__(self, config: dict[str, Any], device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, kernels: KernelOptions | None = None):
         super().__init__()
-        kernels = kernels or KernelOptions()
-        self.linear = linear_kernel(device, dtype, kernels.onednn)
-        self.add_norm = add_rms_norm_kernel(device, dtype, kernels.triton)
+        self.linear = linear_kernel(device, dtype, (kernels or KernelOptions()).onednn)
         self.config = dict(config)
         self.spec = spec = LlamaSpec.from_config(config)
         self.vocab_size, self.max_position_embeddings = spec.vocab, spec.max_positions
@@ -207,17 +204,10 @@ class LlamaModel(CausalLM):
         cos, sin = self.rotary.get(start, start + n_new, x.device, x.dtype)
         masks = self._masks(start, n_new, x.device)
         keys, values = state.cache.keys, state.cache.values
-        add_norm, layers = self.add_norm, self.layers
-        h = add_norm(x, None, layers[0].input_norm.weight, layers[0].input_norm.eps)
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(self.layers):
             attn = layer.attn
-            delta = attn(h, start, cos, sin, keys[i], values[i], masks[attn.window])
-            h = add_norm(x, delta, layer.post_norm.weight, layer.post_norm.eps)
-            delta = layer.mlp(h)
-            if i + 1 < len(layers):  # the residual add and the next layer's norm in one
-                h = add_norm(x, delta, layers[i + 1].input_norm.weight, layers[i + 1].input_norm.eps)
-            else:
-                x.add_(delta)
+            x.add_(attn(layer.input_norm(x), start, cos, sin, keys[i], values[i], masks[attn.window]))
+            x.add_(layer.mlp(layer.post_norm(x)))
         state.n_past = start + n_new
         if not all_logits:
             x = x[-1:]
