@@ -9,7 +9,7 @@ import torch
 
 from redlite.engine.kernel_options import KernelOptions
 from redlite.engine.torch_engine import TorchEngine
-from test_slot_pool import make_llama, prompts
+from test_slot_pool import greedy_alone, make_llama, prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
               pytest.mark.timeout(600)]
@@ -48,14 +48,7 @@ def test_batched_graph_step_is_bitwise_the_lone_step(invariant):
     kernels = KernelOptions(batch_invariant=invariant)
     feeds, steps = prompts(96, lengths=(5, 11, 1, 23, 7)), 10
     alone = TorchEngine(model, ctx_size=128, device="cuda", dtype=torch.bfloat16, kernels=kernels)
-    want, fed = [], []
-    for ids in feeds:
-        alone.reset()
-        logits = [alone.prefill(ids)]
-        for _ in range(steps):
-            logits.append(alone.decode(int(logits[-1].argmax())))
-        want.append(logits)
-        fed.append([int(x.argmax()) for x in logits[:-1]])
+    want, fed = greedy_alone(alone, feeds, steps)
     pool = TorchEngine(model, ctx_size=128, device="cuda", dtype=torch.bfloat16, kernels=kernels)
     slots = [pool] + [pool.new_slot() for _ in feeds[1:]]
     for slot, ids in zip(slots, feeds):

@@ -25,12 +25,9 @@ def chat_scope(body: bytes) -> dict:
             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
 
 
-def test_a_client_leaving_a_non_streamed_answer_is_499():
-    state = echo_state(engine=EchoEngine(delay_ms=20.0))
-    app = create_app(state)
-    body = json.dumps({"messages": [{"role": "user", "content": "tell me a long story"}],
-                       "max_tokens": 400}).encode()
-    scope = chat_scope(body)
+def leave_after(app, body: bytes, seconds: float) -> list[dict]:
+    """Run ``app`` on a chat request with ``body`` whose client disconnects ``seconds`` after
+    sending it; returns the ASGI messages the app sent."""
     sent: list[dict] = []
 
     async def main():
@@ -39,16 +36,25 @@ def test_a_client_leaving_a_non_streamed_answer_is_499():
         async def receive():
             if messages:
                 return messages.pop(0)
-            await asyncio.sleep(0.3)  # the client gives up mid-answer
+            await asyncio.sleep(seconds)  # the client gives up mid-answer
             return {"type": "http.disconnect"}
 
         async def send(message):
             sent.append(message)
 
-        await asyncio.wait_for(app(scope, receive, send), 30)
+        await asyncio.wait_for(app(chat_scope(body), receive, send), 30)
 
+    asyncio.run(main())
+    return sent
+
+
+def test_a_client_leaving_a_non_streamed_answer_is_499():
+    state = echo_state(engine=EchoEngine(delay_ms=20.0))
+    app = create_app(state)
+    body = json.dumps({"messages": [{"role": "user", "content": "tell me a long story"}],
+                       "max_tokens": 400}).encode()
     try:
-        asyncio.run(main())
+        sent = leave_after(app, body, 0.3)
     finally:
         state.worker.shutdown(wait_s=2.0)
     start = next(m for m in sent if m["type"] == "http.response.start")
@@ -107,26 +113,9 @@ def test_a_client_leaving_a_stream_logs_its_token_counts(parallel, caplog):
     app = create_app(state)
     body = json.dumps({"messages": [{"role": "user", "content": "tell me a long story " * 20}],
                        "max_tokens": 400, "stream": True}).encode()
-    scope = chat_scope(body)
-    sent: list[dict] = []
-
-    async def main():
-        messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive():
-            if messages:
-                return messages.pop(0)
-            await asyncio.sleep(0.3)  # the client gives up mid-answer
-            return {"type": "http.disconnect"}
-
-        async def send(message):
-            sent.append(message)
-
-        await asyncio.wait_for(app(scope, receive, send), 30)
-
     try:
         with caplog.at_level("INFO", logger="redlite"):
-            asyncio.run(main())
+            sent = leave_after(app, body, 0.3)
     finally:
         state.worker.shutdown(wait_s=2.0)
     assert next(m for m in sent if m["type"] == "http.response.start")["status"] == 200

@@ -58,6 +58,20 @@ def prompts(vocab: int, lengths=(5, 11, 1, 23)) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
+def greedy_alone(engine: TorchEngine, feeds: list[list[int]], steps: int) -> tuple[list, list[list[int]]]:
+    """Each prompt decoded greedily alone on ``engine`` (reset between prompts): its logits
+    (prefill's, then one per step) and the tokens fed after the prefill."""
+    want, fed = [], []
+    for ids in feeds:
+        engine.reset()
+        logits = [engine.prefill(ids)]
+        for _ in range(steps):
+            logits.append(engine.decode(int(logits[-1].argmax())))
+        want.append(logits)
+        fed.append([int(x.argmax()) for x in logits[:-1]])
+    return want, fed
+
+
 def run_pool(model, feeds: list[list[int]], steps: int, ctx: int = 96, graphs: bool = False,
              picks: bool = False, device: str = "cpu") -> tuple[list, list]:
     """Greedy decode of every prompt: (a) all slots of one pool through ``decode_batch`` with

@@ -10,7 +10,7 @@ import torch
 from redlite.engine.batch_graphs import BatchGraphs
 from redlite.engine.torch_engine import TorchEngine
 from test_hybrid_decode import make_model as make_hybrid
-from test_slot_pool import assert_same, make_llama, prompts, run_pool
+from test_slot_pool import assert_same, greedy_alone, make_llama, prompts, run_pool
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -37,14 +37,7 @@ def test_pool_batch_equals_alone_on_gpu(kind, graphs, dtype, tol):
     model = model.to("cuda", dtype)
     feeds, steps = prompts(vocab, lengths=(5, 11, 1, 23, 7, 3)), 12
     alone = TorchEngine(model, ctx_size=128, device="cuda", dtype=dtype, cuda_graphs=graphs)
-    want, fed = [], []
-    for ids in feeds:
-        alone.reset()
-        logits = [alone.prefill(ids)]
-        for _ in range(steps):
-            logits.append(alone.decode(int(logits[-1].argmax())))
-        want.append(logits)
-        fed.append([int(x.argmax()) for x in logits[:-1]])
+    want, fed = greedy_alone(alone, feeds, steps)
     pool = TorchEngine(model, ctx_size=128, device="cuda", dtype=dtype, cuda_graphs=graphs)
     slots = [pool] + [pool.new_slot() for _ in feeds[1:]]
     for slot, ids in zip(slots, feeds):

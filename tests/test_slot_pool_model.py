@@ -12,7 +12,7 @@ from redlite.loading.bundled import bundled_model_path
 from redlite.loading.gguf import resolve_model_dir
 from redlite.loading.hf import load_hf_model
 from redlite.loading.tokenizer import load_tokenizer
-from test_slot_pool import assert_same
+from test_slot_pool import assert_same, greedy_alone
 
 pytestmark = [pytest.mark.model,
               pytest.mark.skipif(native.library() is None, reason="no C compiler / AVX2 for the kernels")]
@@ -31,13 +31,7 @@ def test_bundled_model_batch_is_bitwise_alone():
     slots = [pool] + [pool.new_slot() for _ in feeds[1:]]
     alone = TorchEngine(model, ctx_size=256, device="cpu")
     steps = 12
-    want = []
-    for ids in feeds:
-        alone.reset()
-        logits = [alone.prefill(ids)]
-        for _ in range(steps):
-            logits.append(alone.decode(int(logits[-1].argmax())))
-        want.append(logits)
+    want, _fed = greedy_alone(alone, feeds, steps)
     got = [[slot.prefill(ids)] for slot, ids in zip(slots, feeds)]
     for _ in range(steps):
         rows = pool.decode_batch(slots, [int(g[-1].argmax()) for g in got])
