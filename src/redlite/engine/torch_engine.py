@@ -3,26 +3,24 @@ preallocated state (see :mod:`redlite.engine.base` for the contract)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from redlite.engine.base import Engine, EngineError, SamplingParams, StateSnapshot, TokenStream
+from redlite.engine.base import Engine, EngineError, SamplingParams, StateSnapshot
 from redlite.engine.fingerprint import weights_fingerprint
 from redlite.engine.kernel_options import KernelOptions
 from redlite.engine.sampling import TorchSampler
 from redlite.engine.torch_checkpoints import TorchCheckpoints
+from redlite.engine.torch_graphs import TorchGraphs
 from redlite.engine.torch_ranges import TorchRanges
 from redlite.kernels import native
 
 CPU_MAX_CONTEXT = 8192
 
-log = logging.getLogger("redlite.engine")
 
-
-class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
+class TorchEngine(TorchGraphs, TorchRanges, TorchCheckpoints, Engine):
     """Serves one sequence of ``model`` (a ``CausalLM``) on ``device`` in ``dtype``.
 
     ``ctx_size``: capacity in tokens (default: the model's ``max_position_embeddings``,
@@ -47,7 +45,8 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
     ``--parallel`` as llama.cpp does) and the KV memory of N slots is N times one's.
 
     Token ranges: :class:`~redlite.engine.torch_ranges.TorchRanges`; checkpoints:
-    :class:`~redlite.engine.torch_checkpoints.TorchCheckpoints`.
+    :class:`~redlite.engine.torch_checkpoints.TorchCheckpoints`; graph decoding:
+    :class:`~redlite.engine.torch_graphs.TorchGraphs`.
     """
 
     def __init__(self, model, *, model_id: str = "model", ctx_size: int | None = None,
@@ -81,15 +80,6 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
         self._graph_decoder = None
         if self.device.type == "cpu" and hasattr(model, "_fused") and model._fused() is not None:
             native.claim_threads()  # before any sampling (see claim_threads)
-
-    @property
-    def decode_path(self) -> str:
-        """``"eager"``, or ``"graph/<ops>"`` / ``"static-eager/<ops>"`` once the graph decoder
-        exists (``<ops>``: ``triton`` or ``torch``)."""
-        decoder = self._graph_decoder
-        if not self._use_graphs or decoder is None:
-            return "eager" if not self._use_graphs else "graph (not built yet)"
-        return f"{'graph' if decoder.use_graphs else 'static-eager'}/{decoder.ops.name}"
 
     @classmethod
     def from_pretrained(cls, path: str | Path, ctx_size: int | None = None,
@@ -137,30 +127,6 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
             for begin in range(0, n_new - done, self.prefill_chunk):
                 logits = self.model(ids[begin:begin + self.prefill_chunk], self.state)
         return logits[0].clone()  # a normal tensor (not an inference one): callers may edit it
-
-    @property
-    def graph_prefill_tokens(self) -> int:
-        """Prefills of at most this many tokens run token by token through the captured decode
-        step (one graph replay each) instead of one eager forward pass, whose kernel launches
-        cost more than that on a GPU; 0 (the default): never. Shared by the slots of a pool;
-        set by the start-up warm-up from a measurement (:func:`redlite.engine.warmup.warm_up`)."""
-        return self._shared.get("graph_prefill_tokens", 0)
-
-    @graph_prefill_tokens.setter
-    def graph_prefill_tokens(self, n: int) -> None:
-        self._shared["graph_prefill_tokens"] = max(0, int(n))
-
-    @property
-    def checkpoint_min_piece(self) -> int:
-        """The fewest tokens the generator puts between two checkpoint cuts of one prefill
-        (:func:`redlite.core.checkpoints.prefill_split_points`); 0 (the default): a cut at every
-        message boundary. Shared by a pool's slots; the GPU warm-up sets it
-        (:data:`redlite.engine.warmup.GPU_CHECKPOINT_MIN_PIECE`)."""
-        return self._shared.get("checkpoint_min_piece", 0)
-
-    @checkpoint_min_piece.setter
-    def checkpoint_min_piece(self, n: int) -> None:
-        self._shared["checkpoint_min_piece"] = max(0, int(n))
 
     def decode(self, token_id: int) -> torch.Tensor:
         """Feed one token; return float32 logits ``[vocab]`` of the next position.
@@ -214,63 +180,6 @@ class TorchEngine(TorchRanges, TorchCheckpoints, Engine):
         from redlite.engine.slot_pool import greedy_batch_async
 
         return greedy_batch_async(self, slots, rows)
-
-    def graph_decoder(self):
-        """The :class:`~redlite.engine.cuda_graphs.GraphDecoder` (built on first use), or None
-        when this engine decodes eagerly (or its decoder failed to build: logged, eager from
-        then on)."""
-        if not self._use_graphs:
-            return None
-        if self._graph_decoder is None:
-            from redlite.engine.cuda_graphs import GraphDecoder
-
-            try:
-                self._graph_decoder = GraphDecoder(self.model, self.state, kernels=self.kernels)
-            except Exception:  # noqa: BLE001 - any trouble: the eager path serves
-                self._graphs_failed("build")
-        return self._graph_decoder
-
-    def capture_graphs(self) -> int:
-        """Capture every graph of the decoder now, warming up at ``n_past`` (see
-        :meth:`GraphDecoder.capture_all`); returns how many. 0 when decoding eagerly; a capture
-        failure is logged and the eager path serves from then on."""
-        decoder = self.graph_decoder()
-        if decoder is None:
-            return 0
-        try:
-            return decoder.capture_all()
-        except Exception:  # noqa: BLE001 - as in _graph_step
-            self._graphs_failed("capture")
-            return 0
-
-    def _graphs_failed(self, what: str) -> None:
-        log.exception("CUDA-graph decode failed (%s); decoding eagerly from now on", what)
-        self._use_graphs, self._graph_decoder = False, None
-
-    def _graph_step(self, token_id: int) -> torch.Tensor | None:
-        """Logits [1, vocab] from the graph decoder, or None after disabling it when it fails
-        to build or capture (logged; the eager path then serves)."""
-        decoder = self.graph_decoder()
-        if decoder is None:
-            return None
-        try:
-            return decoder.step(token_id, self.n_past)
-        except Exception:  # noqa: BLE001 - any capture trouble: fall back to eager decode
-            self._graphs_failed("capture")
-            return None
-
-    def token_stream(self, params: SamplingParams, logits: torch.Tensor) -> TokenStream | None:
-        """A :class:`~redlite.engine.token_stream.DeviceTokenStream` (sampling inside the
-        graph) when the graph decoder serves and ``params`` need no host rule
-        (:func:`~redlite.engine.device_sampling.mode_of`); else None."""
-        from redlite.engine.device_sampling import mode_of
-        from redlite.engine.token_stream import DeviceTokenStream
-
-        mode = mode_of(params)
-        decoder = self.graph_decoder() if mode is not None else None
-        if decoder is None:
-            return None
-        return DeviceTokenStream(self, decoder, params, mode, logits)
 
     def rewind(self, n_tokens: int) -> None:
         if not self.can_rewind:
