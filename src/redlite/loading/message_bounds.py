@@ -32,7 +32,6 @@ writes a first message differently, up to ``3 * (distinct role pairs)`` longer o
 
 from __future__ import annotations
 
-import re
 import secrets
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -94,16 +93,24 @@ def _with_markers(messages: Sequence[dict], prefix: str) -> list:
     return out
 
 
-def _strip(text: str, pattern: "re.Pattern[str]") -> _Marked:
+def _strip(text: str, prefix: str) -> _Marked:
+    """``text`` without its markers (``{prefix}o{i}>`` / ``{prefix}c{i}>``) and where they were."""
     pieces: list[str] = []
     opens: dict[int, int] = {}
     closes: dict[int, int] = {}
     last = removed = 0
-    for match in pattern.finditer(text):
-        pieces.append(text[last:match.start()])
-        (opens if match.group(1) == "o" else closes)[int(match.group(2))] = match.start() - removed
-        removed += match.end() - match.start()
-        last = match.end()
+    at = text.find(prefix)
+    while at >= 0:
+        end = text.find(">", at + len(prefix))
+        tag = text[at + len(prefix):end] if end >= 0 else ""
+        if len(tag) < 2 or tag[0] not in "oc" or not tag[1:].isdecimal():
+            at = text.find(prefix, at + 1)
+            continue
+        pieces.append(text[last:at])
+        (opens if tag[0] == "o" else closes)[int(tag[1:])] = at - removed
+        removed += end + 1 - at
+        last = end + 1
+        at = text.find(prefix, last)
     pieces.append(text[last:])
     return _Marked("".join(pieces), opens, closes)
 
@@ -115,7 +122,6 @@ def message_boundaries(render: Render, messages: Sequence[dict], text: str) -> l
     if not messages:
         return []
     prefix = _marker_prefix(messages)
-    pattern = re.compile(re.escape(prefix) + r"([oc])(\d+)>")
     marked = _with_markers(messages, prefix)
     renders: dict[int, _Marked | None] = {}
 
@@ -123,7 +129,7 @@ def message_boundaries(render: Render, messages: Sequence[dict], text: str) -> l
         """The marked render of ``messages[:n]`` (cached; None when the template refuses)."""
         if n not in renders:
             try:
-                renders[n] = _strip(render(marked[:n], False), pattern) if n else _Marked("", {}, {})
+                renders[n] = _strip(render(marked[:n], False), prefix) if n else _Marked("", {}, {})
             except Exception:  # a template may refuse a partial or marked conversation
                 renders[n] = None
         return renders[n]

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -230,21 +230,22 @@ class HFTokenizer:
             at_least = self._segments.min_tokens(text, self.max_token_chars)
             if at_least > self.prompt_limit:
                 raise PromptTooLong(at_least, self.prompt_limit)
-        ids, offsets = self._segments.encode(text, plain)
+        pieces = None if plain else self._segments.encode_pieces(text, remember=True)
+        if pieces is not None:  # tokenized from the last cut point shared with a recent prompt
+            ids, token_boundary = pieces.ids, pieces.token_boundary
+        else:
+            ids, offsets = self._segments.encode(text, plain)
+            token_boundary = _boundary_of(offsets)
 
         def render(msgs: list, add_generation_prompt: bool) -> str:
             return self._render(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
 
         def message_ends() -> list[int]:
-            starts = offsets[:, 0]
-            reach = np.maximum.accumulate(offsets[:, 1]) if len(offsets) else offsets[:, 1]
             ends: list[int] = []
             bounds = message_boundaries(render, protected.messages, rendered)
             for chars in map_positions(bounds, at_sentinel, growth):
-                count = int(np.searchsorted(starts, chars, "left"))  # tokens starting before it
-                if count and reach[count - 1] > chars:  # a token straddles the boundary
-                    continue
-                if ends and count <= ends[-1]:
+                count = token_boundary(chars)
+                if count is None or (ends and count <= ends[-1]):  # inside a token, or no advance
                     continue
                 ends.append(count)
             return ends
@@ -260,6 +261,18 @@ class HFTokenizer:
         """A fresh :class:`StreamingDecoder`; ``context_ids`` (e.g. the prompt) only give
         the decoder left context and are not emitted."""
         return StreamingDecoder(self._backend, context_ids)
+
+
+def _boundary_of(offsets: np.ndarray) -> Callable[[int], int | None]:
+    """char -> the tokens starting before it, None when a token straddles it (``offsets``: the
+    tokens' char spans)."""
+    starts = offsets[:, 0]
+    reach = np.maximum.accumulate(offsets[:, 1]) if len(offsets) else offsets[:, 1]
+
+    def boundary(chars: int) -> int | None:
+        count = int(np.searchsorted(starts, chars, "left"))
+        return None if count and reach[count - 1] > chars else count
+    return boundary
 
 
 def _max_token_chars(backend: Any) -> int | None:

@@ -1,0 +1,79 @@
+"""A tokenized text kept by its pieces, so a later text that starts the same way is tokenized
+from the last shared piece on (see :mod:`redlite.loading.segment_encoder`).
+
+The pieces of a text are cut right before each special token (the encoder's cut points); the
+tokens of the text are those of its pieces, concatenated. So when a new text equals an earlier
+one up to a cut point ``p`` of both, the new text's tokens are the earlier one's first
+``counts[k]`` ids followed by the tokens of ``new[p:]``: an agent's next prompt (the whole
+conversation again, plus the answer and a new message) is tokenized in time linear in what is
+new, not in the conversation. Whether ``p`` is a cut point of the new text is the encoder's
+check (:meth:`redlite.loading.segment_encoder.SegmentEncoder.encode_pieces`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A text and its token ids by piece (immutable: share, do not change).
+
+    text: the text. ids: its token ids. starts: the character position where each piece
+    starts (ascending, ``starts[0] == 0``). counts: the tokens before each piece.
+    offsets: per piece, its tokens' (start, end) characters relative to the piece's start
+    (int64 arrays of shape [tokens, 2]).
+    """
+
+    text: str
+    ids: list[int]
+    starts: list[int]
+    counts: list[int]
+    offsets: list[np.ndarray]
+
+    def token_boundary(self, char: int) -> int | None:
+        """The number of tokens that start before character ``char``, or None when a token
+        straddles it (starts before it and ends after it)."""
+        k = bisect.bisect_right(self.starts, char) - 1
+        local = char - self.starts[k]
+        rows = self.offsets[k]
+        n = int(np.searchsorted(rows[:, 0], local, "left"))
+        if n and int(rows[:n, 1].max()) > local:
+            return None
+        return self.counts[k] + n
+
+    def shared_cut(self, text: str) -> tuple[int, int]:
+        """``(k, char)``: the last of this text's cut points (piece starts, and its end as
+        ``k == len(starts)``) up to which ``text`` equals this text; ``(0, 0)`` at least.
+        Compares each character at most twice (a binary search over the cut points)."""
+        cuts = self.starts + [len(self.text)]
+        if text.startswith(self.text):
+            return len(cuts) - 1, len(self.text)
+        lo, hi = 0, len(cuts) - 1  # text agrees up to cuts[lo], not up to cuts[hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            a, b = cuts[lo], cuts[mid]
+            if text[a:b] == self.text[a:b]:
+                lo = mid
+            else:
+                hi = mid
+        return lo, cuts[lo]
+
+    def count_at(self, k: int) -> int:
+        """Tokens before cut point ``k`` (``k == len(starts)``: all)."""
+        return self.counts[k] if k < len(self.counts) else len(self.ids)
+
+    def continued(self, k: int, text: str, suffix: "Pieces") -> "Pieces":
+        """The pieces of ``text``: this text's pieces before cut point ``k`` (which ``text``
+        shares) and then ``suffix``, the pieces of ``text[char of k:]``."""
+        char = self.starts[k] if k < len(self.starts) else len(self.text)
+        count = self.count_at(k)
+        ids = self.ids[:count]
+        ids += suffix.ids
+        return Pieces(text, ids,
+                      self.starts[:k] + [char + s for s in suffix.starts],
+                      self.counts[:k] + [count + c for c in suffix.counts],
+                      self.offsets[:k] + suffix.offsets)
