@@ -132,3 +132,30 @@ def test_cut_points_are_continued_only_where_no_token_can_straddle_one(backend):
     assert longer.ids[:len(first.ids)] == first.ids
     assert longer.ids == backend.backend_tokenizer.encode(text + "fine<|im_end|>",
                                                           add_special_tokens=False).ids
+
+
+def test_replay_splice_at_cut_points_equals_the_checked_splice(backend, monkeypatch):
+    from redlite.core import replay_splice
+    from redlite.core.replay import GeneratedTurn, ReplayStore, context_key
+
+    tok = tokenizer(backend, "qwen3_tools.jinja")
+    first = turns(2)[:2]
+    prompt = render_request(tok, ChatRequest(first, tools=TOOLS))
+    start = prompt.message_ends[-1]
+    answer = tok.encode_rendered("<think>\nsure\n</think>\n\nIt is sunny.")
+    store = ReplayStore()
+    store.record(GeneratedTurn(list(prompt.token_ids[start:]), tok.decode_rendered(prompt.token_ids[start:]),
+                               answer, "It is sunny.", "sure", (), context_key(first[-1]), start))
+    messages = first + [{"role": "assistant", "content": "It is sunny.", "reasoning": "sure"},
+                        {"role": "user", "content": "thanks"}]
+    request = ChatRequest(messages, tools=TOOLS)
+    split = []
+    original = replay_splice._split_at_cuts
+    monkeypatch.setattr(replay_splice, "_split_at_cuts", lambda *a: split.append(original(*a)) or split[-1])
+    got, replayed = replay_splice.render_with_replay(tok, request, store, render_request)
+    assert replayed == 1 and split[-1] is not None  # spliced at the marked prompt's cut points
+    monkeypatch.setattr(replay_splice, "_split_at_cuts", lambda *a: None)
+    checked, _ = replay_splice.render_with_replay(tokenizer(backend, "qwen3_tools.jinja", remember=False),
+                                                  request, store, render_request)
+    assert got.token_ids == checked.token_ids and got.message_ends == checked.message_ends
+    assert got.token_ids[start:start + len(prompt.token_ids) - start + len(answer)][-len(answer):] == answer

@@ -176,6 +176,8 @@ class SegmentEncoder:
                 char = old.starts[cut]
             if char > start:
                 base, k, start = old, cut, char
+            if len(text) - start <= _SHORT_CHARS:  # good enough: any shared cut gives the same ids
+                break
         suffix = self._pieces_from(text, start)
         pieces = suffix if base is None else base.continued(k, text, suffix)
         if remember and self._recent is not None:

@@ -48,11 +48,18 @@ class Pieces:
     def shared_cut(self, text: str) -> tuple[int, int]:
         """``(k, char)``: the last of this text's cut points (piece starts, and its end as
         ``k == len(starts)``) up to which ``text`` equals this text; ``(0, 0)`` at least.
-        Compares each character at most twice (a binary search over the cut points)."""
+        Costs a comparison of about twice the shared part (galloping, then a binary search
+        over the cut points)."""
         cuts = self.starts + [len(self.text)]
         if text.startswith(self.text):
             return len(cuts) - 1, len(self.text)
-        lo, hi = 0, len(cuts) - 1  # text agrees up to cuts[lo], not up to cuts[hi]
+        lo, hi, step = 0, len(cuts) - 1, 1  # text agrees up to cuts[lo], not up to cuts[hi]
+        while lo + step < hi:  # galloping first: a text that differs early costs little
+            a, b = cuts[lo], cuts[lo + step]
+            if text[a:b] != self.text[a:b]:
+                hi = lo + step
+                break
+            lo, step = lo + step, step * 2
         while hi - lo > 1:
             mid = (lo + hi) // 2
             a, b = cuts[lo], cuts[mid]
@@ -61,6 +68,15 @@ class Pieces:
             else:
                 hi = mid
         return lo, cuts[lo]
+
+    def cut_count(self, char: int) -> int | None:
+        """The tokens before character ``char`` when the ids split exactly there (a piece
+        start or the end: the tokens of ``text[:char]`` and of ``text[char:]``, concatenated,
+        are the ids), else None."""
+        if char == len(self.text):
+            return len(self.ids)
+        k = bisect.bisect_left(self.starts, char)
+        return self.counts[k] if k < len(self.starts) and self.starts[k] == char else None
 
     def count_at(self, k: int) -> int:
         """Tokens before cut point ``k`` (``k == len(starts)``: all)."""
