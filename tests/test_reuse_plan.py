@@ -152,3 +152,10 @@ def test_common_prefix_length_blocks():
         b = a[:cut] + [-1] + a[cut + 1:]
         assert common_prefix_length(a, b) == cut
     assert common_prefix_length(a, a[:3000]) == 3000
+    for cut in (0, 5, 2000, 4990, 4999):  # from a known common point, the tail differing or not
+        b = a[:cut] + [-1] + a[cut + 1:]
+        for start in (0, cut // 2, cut):  # the caller knows they agree up to start
+            assert common_prefix_length(a, b, start=start) == cut
+            assert common_prefix_length(b + [7], a, start=start) == cut
+    assert common_prefix_length(a, list(a), start=4000) == 5000
+    assert common_prefix_length(a[:10], a[:4], start=2) == 4

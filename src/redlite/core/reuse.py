@@ -90,12 +90,14 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int], start: int = 0) -> 
     position up to which the caller knows they agree (compared from there on)."""
     limit = min(len(a), len(b))
     start = min(start, limit)
-    # One whole comparison first (the usual case: one extends the other); then in blocks.
-    # Lists compare in C, slicing copies: tens of thousands of tokens cost microseconds.
-    if start == 0 and (a if len(a) == limit else a[:limit]) == (b if len(b) == limit else b[:limit]):
-        return limit
-    if start and a[start:limit] == b[start:limit]:
-        return limit
+    # One whole comparison first when the last positions agree (the usual case: one extends the
+    # other); then in blocks. Lists compare in C, slicing copies (a few ns per token).
+    tail = max(start, limit - 16)
+    if a[tail:limit] == b[tail:limit]:
+        if start == 0 and (a if len(a) == limit else a[:limit]) == (b if len(b) == limit else b[:limit]):
+            return limit
+        if start and a[start:limit] == b[start:limit]:
+            return limit
     block = 1024
     while start + block <= limit and a[start:start + block] == b[start:start + block]:
         start += block
