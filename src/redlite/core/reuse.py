@@ -115,6 +115,7 @@ def plan_reuse(
     enabled: bool = True,
     after_failure: bool = False,
     token_bytes: TokenBytes | None = None,
+    common: int | None = None,
 ) -> ReusePlan:
     """Plan how to go from the held state to a state ready to sample after ``new_ids``.
 
@@ -124,6 +125,7 @@ def plan_reuse(
     ``<= len(held_ids)``. enabled: False for ``--no-reuse``. after_failure: the last request
     failed, so the held state is not trusted. token_bytes: token id -> its bytes (None for a
     special token); given, re-tokenized spans keep their held ids (see the module docstring).
+    common: :func:`common_prefix_length` of the two, when the caller knows it.
     Raises ValueError for an empty ``new_ids``.
     """
     if not new_ids:
@@ -139,7 +141,8 @@ def plan_reuse(
         return reset(MissReason.AFTER_FAILURE)
     if held_len == 0:
         return reset(MissReason.EMPTY)
-    common = common_prefix_length(held_ids, new_ids)
+    if common is None:
+        common = common_prefix_length(held_ids, new_ids)
     if common == held_len and held_len < prompt_len:
         return ReusePlan(Action.EXTEND, held_len, common, prompt_len, held_len)
     plan = _plan_differing(held_ids, new_ids, common, can_rewind, checkpoint_positions)
