@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -93,3 +94,15 @@ class Pieces:
                       self.starts[:k] + [char + s for s in suffix.starts],
                       self.counts[:k] + [count + c for c in suffix.counts],
                       self.offsets[:k] + suffix.offsets)
+
+
+def offsets_boundary(offsets: np.ndarray) -> Callable[[int], int | None]:
+    """char -> the tokens starting before it, None when a token straddles it (``offsets``: the
+    tokens' char spans)."""
+    starts = offsets[:, 0]
+    reach = np.maximum.accumulate(offsets[:, 1]) if len(offsets) else offsets[:, 1]
+
+    def boundary(chars: int) -> int | None:
+        count = int(np.searchsorted(starts, chars, "left"))
+        return None if count and reach[count - 1] > chars else count
+    return boundary

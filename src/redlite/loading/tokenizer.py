@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from redlite.loading.render_cache import RenderCache, input_key
 from redlite.loading.segment_encoder import SegmentEncoder
 from redlite.loading.streaming_decoder import StreamingDecoder
 from redlite.loading.template_probe import turn_markup_tokens
+from redlite.loading.text_pieces import offsets_boundary
 from redlite.loading.tokenizer_files import read_plain
 from redlite.loading.token_bytes import TokenBytes
 
@@ -238,7 +239,7 @@ class HFTokenizer:
             ids, token_boundary, cut_count = pieces.ids, pieces.token_boundary, pieces.cut_count
         else:
             ids, offsets = self._segments.encode(text, plain)
-            token_boundary = _boundary_of(offsets)
+            token_boundary = offsets_boundary(offsets)
 
         def render(msgs: list, add_generation_prompt: bool) -> str:
             return self._render(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
@@ -266,18 +267,6 @@ class HFTokenizer:
         """A fresh :class:`StreamingDecoder`; ``context_ids`` (e.g. the prompt) only give
         the decoder left context and are not emitted."""
         return StreamingDecoder(self._backend, context_ids)
-
-
-def _boundary_of(offsets: np.ndarray) -> Callable[[int], int | None]:
-    """char -> the tokens starting before it, None when a token straddles it (``offsets``: the
-    tokens' char spans)."""
-    starts = offsets[:, 0]
-    reach = np.maximum.accumulate(offsets[:, 1]) if len(offsets) else offsets[:, 1]
-
-    def boundary(chars: int) -> int | None:
-        count = int(np.searchsorted(starts, chars, "left"))
-        return None if count and reach[count - 1] > chars else count
-    return boundary
 
 
 def _max_token_chars(backend: Any) -> int | None:
