@@ -14,7 +14,8 @@ import sys
 import threading
 import time
 
-# (label, where, attribute): the stages timed in the server (see _install)
+# (label, where, attribute): the stages timed in the server (see _install); "a|b": a where
+# the server's sources have it, else b
 STAGES = [
     ("validate", "redlite.server.schemas:ChatCompletionRequest", "model_validate_json"),
     ("chat_request_of", "redlite.server.app", "chat_request_of"),
@@ -23,7 +24,7 @@ STAGES = [
     ("replay_find", "redlite.core.replay:ReplayStore", "find"),
     ("jinja", "redlite.loading.chat_template:ChatTemplate", "render"),
     ("protect", "redlite.loading.plain_specials:PlainSpecials", "protect"),
-    ("tokenize", "redlite.loading.segment_encoder:SegmentEncoder", "encode"),
+    ("tokenize", "redlite.loading.segment_encoder:SegmentEncoder", "encode_pieces|encode"),
     ("message_ends", "redlite.loading.tokenizer", "message_boundaries"),
     ("submit", "redlite.server.jobs", "queue"),
     ("job", "redlite.core.worker", "run_job"),
@@ -90,6 +91,7 @@ def _install(trace: _Trace) -> None:
         module, _, cls = where.partition(":")
         owner = importlib.import_module(module)
         owner = getattr(owner, cls) if cls else owner
+        name = next(n for n in name.split("|") if hasattr(owner, n))  # the first one it has
         original = getattr(owner, name)
         wrapped = _timed(trace, label, original)
         setattr(owner, name, staticmethod(wrapped) if cls and isinstance(

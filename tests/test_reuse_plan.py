@@ -152,3 +152,33 @@ def test_common_prefix_length_blocks():
         b = a[:cut] + [-1] + a[cut + 1:]
         assert common_prefix_length(a, b) == cut
     assert common_prefix_length(a, a[:3000]) == 3000
+    for cut in (0, 5, 2000, 4990, 4999):  # from a known common point, the tail differing or not
+        b = a[:cut] + [-1] + a[cut + 1:]
+        for start in (0, cut // 2, cut):  # the caller knows they agree up to start
+            assert common_prefix_length(a, b, start=start) == cut
+            assert common_prefix_length(b + [7], a, start=start) == cut
+    assert common_prefix_length(a, list(a), start=4000) == 5000
+    assert common_prefix_length(a[:10], a[:4], start=2) == 4
+
+
+def test_generator_common_prefix_is_computed_once_per_plan_and_forgotten_on_execute(monkeypatch):
+    from redlite.core import generation
+    from redlite.core.byte_tokenizer import ByteTokenizer
+    from redlite.core.generation import GenerationRequest, Generator
+    from redlite.engine.echo import EchoEngine
+
+    calls = []
+    monkeypatch.setattr(generation, "common_prefix_length",
+                        lambda a, b: calls.append(1) or common_prefix_length(a, b))
+    gen = Generator(EchoEngine(), ByteTokenizer())
+    gen.held_ids = [1, 2, 3, 4]
+    prompt = [1, 2, 9, 9, 9]
+    assert gen.common_with(prompt) == 2 and gen.common_with(prompt) == 2 and len(calls) == 1
+    assert gen.common_with(list(prompt)) == 2 and len(calls) == 2  # another list: computed again
+    gen.held_ids.append(5)
+    assert gen.common_with(prompt) == 2 and len(calls) == 3  # resized: computed again
+    gen.held_ids = [1, 2, 9, 4, 5]
+    assert gen.common_with(prompt) == 3  # replaced
+    gen._execute(gen.plan(prompt), GenerationRequest(prompt, 1))
+    gen.held_ids[:] = [1, 2, 9, 9, 8]  # same list, same length, other ids: not taken from before
+    assert gen.common_with(prompt) == 4

@@ -100,7 +100,7 @@ class Conversations(Parker):
         if not trusted(gen):  # the live state is not what tail entries were taken against
             self.lineage.release_live(gen, 0)
         held = gen.held_ids
-        live_common = 0 if gen.failed else common_prefix_length(held, prompt)
+        live_common = 0 if gen.failed else gen.common_with(prompt)
         live_usable = usable_prefix(len(held), live_common, len(prompt), gen.engine.can_rewind,
                                     gen.checkpoints.positions)
         while True:  # again only after a refused file (it has left the index)

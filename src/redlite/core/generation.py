@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, preamble_end, prefill_split_points
 from redlite.core.divergence import describe_divergence, describe_message
-from redlite.core.reuse import Action, MissReason, ReusePlan, plan_reuse
+from redlite.core.reuse import Action, MissReason, ReusePlan, common_prefix_length, plan_reuse
 from redlite.core.same_bytes import adopt_held_spelling
 from redlite.core.chat import ChatOutput, OutputEvent
 from redlite.core.output_scanner import OutputScanner, ParseOptions
@@ -144,6 +144,7 @@ class Generator:
         # Candidate selection among the live and parked conversations (redlite.core.conversations
         # .Conversations); None: the live state is the only candidate.
         self.parking = None
+        self._common: tuple | None = None  # (held list, its length, prompt list, its length, common)
 
     # the held conversation's fields, owned by its Sequence (one place for each)
     engine = _field("engine")
@@ -165,9 +166,23 @@ class Generator:
             log.warning("held %d tok but the engine holds %d: resetting", len(self.held_ids),
                         self.engine.n_past)
         token_bytes = getattr(self.tokenizer, "token_bytes", None) if self.settings.same_bytes else None
+        after_failure = self.failed or not consistent
+        known = self.common_with(prompt_ids) if self.settings.reuse and not after_failure else None
         return plan_reuse(self.held_ids, prompt_ids, self.engine.can_rewind,
                           self.checkpoints.positions, enabled=self.settings.reuse,
-                          after_failure=self.failed or not consistent, token_bytes=token_bytes)
+                          after_failure=after_failure, token_bytes=token_bytes, common=known)
+
+    def common_with(self, prompt_ids: list[int]) -> int:
+        """The length of the common prefix of the held ids and ``prompt_ids``, computed once
+        while the request plans and selects (the same two lists, neither replaced nor resized;
+        forgotten when the request executes)."""
+        held, memo = self.held_ids, self._common
+        if memo is not None and memo[0] is held and memo[1] == len(held) \
+                and memo[2] is prompt_ids and memo[3] == len(prompt_ids):
+            return memo[4]
+        common = common_prefix_length(held, prompt_ids)
+        self._common = (held, len(held), prompt_ids, len(prompt_ids), common)
+        return common
 
     def _execute(self, plan: ReusePlan, request: GenerationRequest) -> tuple[Any, bool]:
         """Bring the engine to the prompt's end; return ``(logits there, True)``, or
@@ -175,6 +190,7 @@ class Generator:
         prefilled stays held). ``failed`` is set while the engine may be ahead of the held ids."""
         engine, prompt = self.engine, request.prompt_ids
         logits = None
+        self._common = None  # the held ids change from here on
         if self.parking is not None and plan.keep < len(self.held_ids):
             self.parking.before_cut(self, plan.keep)  # parked tails on the cut part: made whole
         self.failed = True

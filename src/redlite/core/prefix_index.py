@@ -63,6 +63,8 @@ class HashMemo:
         n_blocks = len(ids) // self.block
         best: list[bytes] = []
         for seq, hashes in recent:
+            if len(hashes) <= len(best):  # cannot share more blocks than the best found
+                continue
             shared = min(common_prefix_length(seq, ids) // self.block, n_blocks)
             if shared > len(best):
                 best = hashes[:shared]

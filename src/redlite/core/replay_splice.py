@@ -25,10 +25,12 @@ from typing import Any, Callable
 
 from redlite.core.chat import ChatRequest
 from redlite.core.replay import GeneratedTurn, ReplayStore
-from redlite.core.tokenizer import RenderedPrompt
+from redlite.core.tokenizer import RenderedPrompt, message_texts
 
 log = logging.getLogger("redlite.replay")
 
+#: the marker of a spliced turn in the marked render (per process; a request holding it gets another)
+_TAG = f"\u2063<replay-{secrets.token_hex(6)}-"
 _HEADER_SLACK = 64  # characters a history header may hold beyond the kept generation prompt
 
 
@@ -73,7 +75,9 @@ def render_with_replay(tokenizer: Any, request: ChatRequest, store: ReplayStore 
                     found[i] = turn
     if not found:
         return render(tokenizer, request), 0
-    tag = f"\u2063<replay-{secrets.token_hex(6)}-"
+    tag = _TAG  # the same each time: the marked render then shares its prefix with the last one
+    if any(tag in text for text in message_texts(request.messages)):
+        tag = f"\u2063<replay-{secrets.token_hex(6)}-"
     messages = [{"role": "assistant", "content": f"{tag}{i}>"} if i in found else m
                 for i, m in enumerate(request.messages)]
     marked = render(tokenizer, replace(request, messages=messages))
@@ -100,15 +104,19 @@ def _splice(tokenizer: Any, marked: Any, turns: list[tuple[str, GeneratedTurn]])
         regions.append(text[cursor + start:at + len(marker)])
         cursor = at + len(marker)
     pieces.append(text[cursor:])
-    piece_ids = [encode_rendered(tokenizer, p) for p in pieces]
-    region_ids = [encode_rendered(tokenizer, r) for r in regions]
-    check: list[int] = []
-    for k, ids in enumerate(piece_ids):
-        check += ids
-        if k < len(region_ids):
-            check += region_ids[k]
-    if check != list(marked.token_ids):
-        return None
+    split = _split_at_cuts(marked, pieces, regions)
+    if split is not None:
+        piece_ids, region_ids = split
+    else:
+        piece_ids = [encode_rendered(tokenizer, p) for p in pieces]
+        region_ids = [encode_rendered(tokenizer, r) for r in regions]
+        check: list[int] = []
+        for k, ids in enumerate(piece_ids):
+            check += ids
+            if k < len(region_ids):
+                check += region_ids[k]
+        if check != list(marked.token_ids):
+            return None
     ids: list[int] = []
     out_text: list[str] = []
     # (marked start, marked end, spliced start) of each piece, for the boundary mapping
@@ -116,7 +124,10 @@ def _splice(tokenizer: Any, marked: Any, turns: list[tuple[str, GeneratedTurn]])
     marked_at = 0
     for k, piece in enumerate(piece_ids):
         spans.append((marked_at, marked_at + len(piece), len(ids)))
-        ids += piece
+        if k:
+            ids += piece
+        else:
+            ids = piece  # a fresh list
         out_text.append(pieces[k])
         marked_at += len(piece)
         if k < len(turns):
@@ -131,3 +142,23 @@ def _splice(tokenizer: Any, marked: Any, turns: list[tuple[str, GeneratedTurn]])
                 ends.append(end - lo + at)
                 break
     return RenderedPrompt(ids, ends, "".join(out_text))
+
+
+def _split_at_cuts(marked: Any, pieces: list[str], regions: list[str]) -> tuple[list, list] | None:
+    """The marked ids of each piece and region, sliced where the marked prompt's ids split
+    exactly (its ``cut_count``); None when it cannot tell or a cut falls inside a token."""
+    cut_count = getattr(marked, "cut_count", None)
+    if cut_count is None:
+        return None
+    counts, at = [0], 0
+    for k, piece in enumerate(pieces):
+        at += len(piece)
+        counts.append(cut_count(at))
+        if k < len(regions):
+            at += len(regions[k])
+            counts.append(cut_count(at))
+    if None in counts:
+        return None
+    ids = marked.token_ids
+    slices = [ids[a:b] for a, b in zip(counts, counts[1:])]
+    return slices[0::2], slices[1::2]

@@ -90,12 +90,14 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int], start: int = 0) -> 
     position up to which the caller knows they agree (compared from there on)."""
     limit = min(len(a), len(b))
     start = min(start, limit)
-    # One whole comparison first (the usual case: one extends the other); then in blocks.
-    # Lists compare in C, slicing copies: tens of thousands of tokens cost microseconds.
-    if start == 0 and (a if len(a) == limit else a[:limit]) == (b if len(b) == limit else b[:limit]):
-        return limit
-    if start and a[start:limit] == b[start:limit]:
-        return limit
+    # One whole comparison first when the last positions agree (the usual case: one extends the
+    # other); then in blocks. Lists compare in C, slicing copies (a few ns per token).
+    tail = max(start, limit - 16)
+    if a[tail:limit] == b[tail:limit]:
+        if start == 0 and (a if len(a) == limit else a[:limit]) == (b if len(b) == limit else b[:limit]):
+            return limit
+        if start and a[start:limit] == b[start:limit]:
+            return limit
     block = 1024
     while start + block <= limit and a[start:start + block] == b[start:start + block]:
         start += block
@@ -113,6 +115,7 @@ def plan_reuse(
     enabled: bool = True,
     after_failure: bool = False,
     token_bytes: TokenBytes | None = None,
+    common: int | None = None,
 ) -> ReusePlan:
     """Plan how to go from the held state to a state ready to sample after ``new_ids``.
 
@@ -122,6 +125,7 @@ def plan_reuse(
     ``<= len(held_ids)``. enabled: False for ``--no-reuse``. after_failure: the last request
     failed, so the held state is not trusted. token_bytes: token id -> its bytes (None for a
     special token); given, re-tokenized spans keep their held ids (see the module docstring).
+    common: :func:`common_prefix_length` of the two, when the caller knows it.
     Raises ValueError for an empty ``new_ids``.
     """
     if not new_ids:
@@ -137,7 +141,8 @@ def plan_reuse(
         return reset(MissReason.AFTER_FAILURE)
     if held_len == 0:
         return reset(MissReason.EMPTY)
-    common = common_prefix_length(held_ids, new_ids)
+    if common is None:
+        common = common_prefix_length(held_ids, new_ids)
     if common == held_len and held_len < prompt_len:
         return ReusePlan(Action.EXTEND, held_len, common, prompt_len, held_len)
     plan = _plan_differing(held_ids, new_ids, common, can_rewind, checkpoint_positions)

@@ -19,15 +19,19 @@ class RenderedPrompt:
         given as a zero-argument callable: it is then computed on first access (so a prompt
         refused for its length never pays for it), once, in the thread that reads it.
     text: the rendered text (for logs and debugging).
+    cut_count: None, or char position -> the token count there when the ids split exactly at
+        it (tokenizing ``text[:p]`` and ``text[p:]`` apart gives ``token_ids[:n]`` and
+        ``token_ids[n:]``), else None.
     """
 
-    __slots__ = ("token_ids", "text", "_ends")
+    __slots__ = ("token_ids", "text", "_ends", "cut_count")
 
     def __init__(self, token_ids: list[int], message_ends: list[int] | Callable[[], list[int]],
-                 text: str) -> None:
+                 text: str, cut_count: Callable[[int], int | None] | None = None) -> None:
         self.token_ids = token_ids
         self.text = text
         self._ends = message_ends
+        self.cut_count = cut_count
 
     @property
     def message_ends(self) -> list[int]:

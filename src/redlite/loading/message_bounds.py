@@ -32,10 +32,11 @@ writes a first message differently, up to ``3 * (distinct role pairs)`` longer o
 
 from __future__ import annotations
 
-import re
+import collections
 import secrets
+import threading
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Sequence
 
 #: render(messages, add_generation_prompt) -> text (the template's kwargs already bound)
 Render = Callable[[list, bool], str]
@@ -94,38 +95,83 @@ def _with_markers(messages: Sequence[dict], prefix: str) -> list:
     return out
 
 
-def _strip(text: str, pattern: "re.Pattern[str]") -> _Marked:
+def _strip(text: str, prefix: str) -> _Marked:
+    """``text`` without its markers (``{prefix}o{i}>`` / ``{prefix}c{i}>``) and where they were."""
     pieces: list[str] = []
     opens: dict[int, int] = {}
     closes: dict[int, int] = {}
     last = removed = 0
-    for match in pattern.finditer(text):
-        pieces.append(text[last:match.start()])
-        (opens if match.group(1) == "o" else closes)[int(match.group(2))] = match.start() - removed
-        removed += match.end() - match.start()
-        last = match.end()
+    at = text.find(prefix)
+    while at >= 0:
+        end = text.find(">", at + len(prefix))
+        tag = text[at + len(prefix):end] if end >= 0 else ""
+        if len(tag) < 2 or tag[0] not in "oc" or not tag[1:].isdecimal():
+            at = text.find(prefix, at + 1)
+            continue
+        pieces.append(text[last:at])
+        (opens if tag[0] == "o" else closes)[int(tag[1:])] = at - removed
+        removed += end + 1 - at
+        last = end + 1
+        at = text.find(prefix, last)
     pieces.append(text[last:])
     return _Marked("".join(pieces), opens, closes)
 
 
-def message_boundaries(render: Render, messages: Sequence[dict], text: str) -> list[int]:
+class PrefixRenders:
+    """The marked renders (markers removed) of recent conversations' prefixes, by template
+    arguments and messages: a conversation that starts with the same messages as a recent one
+    renders only its new prefixes (a marked render is the same whatever the markers' random
+    part). Thread-safe; ``size``: prefixes kept, least recently used out."""
+
+    def __init__(self, size: int = 16) -> None:
+        self._size = size
+        self._entries: collections.OrderedDict[tuple, tuple[list, _Marked | None]] = \
+            collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, extra: Hashable, messages: Sequence[dict], n: int) -> tuple[bool, _Marked | None]:
+        """(found, render) of ``messages[:n]`` under template arguments ``extra``."""
+        with self._lock:
+            hit = self._entries.get((extra, n))
+            if hit is not None:
+                self._entries.move_to_end((extra, n))
+        if hit is not None and hit[0] == list(messages[:n]):
+            return True, hit[1]
+        return False, None
+
+    def put(self, extra: Hashable, messages: Sequence[dict], n: int, value: _Marked | None) -> None:
+        with self._lock:
+            self._entries[(extra, n)] = (list(messages[:n]), value)
+            self._entries.move_to_end((extra, n))
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+
+def message_boundaries(render: Render, messages: Sequence[dict], text: str,
+                       memo: tuple[PrefixRenders, Hashable] | None = None) -> list[int]:
     """Character positions in ``text`` (the real rendering, with generation prompt) at which the
     rendering of ``messages[:i+1]`` ends, ascending and distinct; see the module docstring.
-    Template errors on the marked or partial conversations drop boundaries, never raise."""
+    Template errors on the marked or partial conversations drop boundaries, never raise.
+    memo: a :class:`PrefixRenders` and the key of ``render``'s template arguments, to reuse and
+    keep the prefix renders."""
     if not messages:
         return []
     prefix = _marker_prefix(messages)
-    pattern = re.compile(re.escape(prefix) + r"([oc])(\d+)>")
     marked = _with_markers(messages, prefix)
     renders: dict[int, _Marked | None] = {}
 
     def prefix_render(n: int) -> _Marked | None:
         """The marked render of ``messages[:n]`` (cached; None when the template refuses)."""
         if n not in renders:
-            try:
-                renders[n] = _strip(render(marked[:n], False), pattern) if n else _Marked("", {}, {})
-            except Exception:  # a template may refuse a partial or marked conversation
-                renders[n] = None
+            found, value = memo[0].get(memo[1], messages, n) if memo and n else (False, None)
+            if not found:
+                try:
+                    value = _strip(render(marked[:n], False), prefix) if n else _Marked("", {}, {})
+                except Exception:  # a template may refuse a partial or marked conversation
+                    value = None
+                if memo and n:
+                    memo[0].put(memo[1], messages, n, value)
+            renders[n] = value
         return renders[n]
 
     full = prefix_render(len(messages))

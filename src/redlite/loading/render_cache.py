@@ -42,6 +42,15 @@ def _key(value: Any) -> Any:
     raise _NotPlain
 
 
+def input_key(value: Any) -> Any:
+    """``value`` as a hashable key that tells apart what a template could (see the module
+    docstring); None when it holds something else than plain values."""
+    try:
+        return _key(value)
+    except _NotPlain:
+        return None
+
+
 class RenderCache:
     """Rendered prompts by input, least recently used out past ``max_entries`` or ``max_chars``
     of rendered text (thread-safe). Callers must not change a returned prompt's lists."""

@@ -28,15 +28,16 @@ from typing import Any
 import numpy as np
 
 from redlite.loading.plain_specials import special_strings
+from redlite.loading.text_pieces import Pieces
 
 #: pre-tokenizers that treat each piece on its own without adding to its start
 _LOCAL_PRE_TOKENIZERS = {"Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit",
                          "UnicodeScripts", "BertPreTokenizer"}
 
 
-def _cut_pattern(backend: Any) -> "re.Pattern[str] | None":
-    """The regex of the special tokens before which a text may be cut, or None when cutting is
-    not exact for this tokenizer (see the module docstring)."""
+def _cut_tokens(backend: Any) -> list[str] | None:
+    """The special tokens before which a text may be cut (longest first), or None when cutting
+    is not exact for this tokenizer (see the module docstring)."""
     config = json.loads(backend.to_str())
     if config.get("normalizer") is not None:
         return None
@@ -56,7 +57,22 @@ def _cut_pattern(backend: Any) -> "re.Pattern[str] | None":
             specials.append(token.content)
     if not specials:
         return None
-    return re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+    return sorted(specials, key=len, reverse=True)
+
+
+def _no_straddle(tokens: list[str]) -> bool:
+    """Whether no token's occurrence can start inside another's and reach past that one's end
+    while a token starts there: no token's proper suffix is a prefix of a token or has one as
+    a prefix. Then a text scanned for the tokens left to right is cut at a position where one
+    starts whatever follows."""
+    whole = set(tokens)
+    starts = {y[:i] for y in tokens for i in range(1, len(y) + 1)}
+    for x in tokens:
+        for k in range(1, len(x)):
+            tail = x[k:]
+            if tail in starts or any(tail[:i] in whole for i in range(1, len(tail))):
+                return False
+    return True
 
 
 #: at most this many characters to tokenize are tokenized on the calling thread
@@ -80,11 +96,15 @@ class SegmentEncoder:
     """Token ids and char offsets of texts, through cached pieces (thread-safe).
 
     backend: a ``tokenizers.Tokenizer``. max_chars: the most characters of pieces kept.
+    recent: how many texts given to :meth:`encode_pieces` with ``remember`` are kept to
+    continue from (:mod:`redlite.loading.text_pieces`).
     """
 
-    def __init__(self, backend: Any, max_chars: int = 16 << 20) -> None:
+    def __init__(self, backend: Any, max_chars: int = 16 << 20, recent: int = 6) -> None:
         self._backend = backend
-        self._cut = _cut_pattern(backend)
+        self._cut_tokens = _cut_tokens(backend)
+        self._cut = (re.compile("|".join(re.escape(s) for s in self._cut_tokens))
+                     if self._cut_tokens else None)
         self._max_chars = max_chars
         self._cache: collections.OrderedDict[str, tuple[list[int], np.ndarray]] = \
             collections.OrderedDict()
@@ -93,6 +113,11 @@ class SegmentEncoder:
         specials = special_strings(backend)
         self._specials = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
         self._plain: Any = None
+        # recent texts by piece, to continue from (only where no special token can straddle a
+        # cut point: then the scan up to a shared cut point is the same in both texts)
+        self._recent: collections.deque[Pieces] | None = None
+        if self._cut is not None and _no_straddle(self._cut_tokens):
+            self._recent = collections.deque(maxlen=recent)
 
     @property
     def cuts(self) -> bool:
@@ -126,8 +151,45 @@ class SegmentEncoder:
         if self._cut is None:
             encoding = _encode_many(self._backend, [text])[0]
             return list(encoding.ids), _offsets_array(encoding.offsets) if offsets else None
-        starts = [0] + [m.start() for m in self._cut.finditer(text) if m.start() > 0]
-        pieces = [text[a:b] for a, b in zip(starts, starts[1:] + [len(text)])]
+        pieces = self.encode_pieces(text)
+        if not offsets:
+            return pieces.ids, None
+        array = np.concatenate(pieces.offsets)
+        array += np.repeat(np.asarray(pieces.starts, dtype=np.int64), np.diff(pieces.counts + [len(pieces.ids)]))[:, None]
+        return pieces.ids, array
+
+    def encode_pieces(self, text: str, remember: bool = False) -> Pieces | None:
+        """The :class:`~redlite.loading.text_pieces.Pieces` of ``text`` (ids as :meth:`encode`
+        gives them; None when this tokenizer is not cut into pieces). A remembered text that
+        ``text`` equals up to a cut point of both is continued from there (only the rest is
+        tokenized). remember: keep ``text`` to continue from."""
+        if self._cut is None:
+            return None
+        base, k, start = None, 0, 0
+        with self._lock:
+            recent = list(self._recent or ())
+        for old in recent:
+            cut, char = old.shared_cut(text)
+            # walk back to a cut point that the new text is cut at too
+            while cut > 0 and char < len(text) and not self._cut.match(text, char):
+                cut -= 1
+                char = old.starts[cut]
+            if char > start:
+                base, k, start = old, cut, char
+            if len(text) - start <= _SHORT_CHARS:  # good enough: any shared cut gives the same ids
+                break
+        suffix = self._pieces_from(text, start)
+        pieces = suffix if base is None else base.continued(k, text, suffix)
+        if remember and self._recent is not None:
+            with self._lock:
+                self._recent.appendleft(pieces)
+        return pieces
+
+    def _pieces_from(self, text: str, start: int) -> Pieces:
+        """The pieces of ``text[start:]`` (positions relative to ``start``)."""
+        starts = [start] + [m.start() for m in self._cut.finditer(text, start) if m.start() > start]
+        spans = list(zip(starts, starts[1:] + [len(text)]))
+        pieces = [text[a:b] for a, b in spans]
         found: dict[str, tuple[list[int], np.ndarray]] = {}
         with self._lock:
             for piece in pieces:
@@ -143,15 +205,12 @@ class SegmentEncoder:
                     found[piece] = (list(encoding.ids), _offsets_array(encoding.offsets))
                     self._remember(piece, found[piece])
         ids: list[int] = []
+        counts: list[int] = []
         for piece in pieces:
+            counts.append(len(ids))
             ids.extend(found[piece][0])
-        if not offsets:
-            return ids, None
-        parts = [found[piece][1] for piece in pieces]
-        counts = [len(found[piece][0]) for piece in pieces]
-        array = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
-        array += np.repeat(np.asarray(starts, dtype=np.int64), counts)[:, None]
-        return ids, array
+        return Pieces(text[start:] if start else text, ids, [a - start for a in starts], counts,
+                      [found[piece][1] for piece in pieces])
 
     def _encode_plain(self, text: str, plain: list[tuple[int, int]]) -> tuple[list[int], np.ndarray]:
         if self._plain is None:

@@ -19,12 +19,13 @@ import numpy as np
 
 from redlite.core.tokenizer import PromptTooLong, RenderedPrompt
 from redlite.loading.chat_template import ChatTemplate
-from redlite.loading.message_bounds import message_boundaries
+from redlite.loading.message_bounds import PrefixRenders, message_boundaries
 from redlite.loading.plain_specials import PlainSpecials, map_positions, special_strings
-from redlite.loading.render_cache import RenderCache
+from redlite.loading.render_cache import RenderCache, input_key
 from redlite.loading.segment_encoder import SegmentEncoder
 from redlite.loading.streaming_decoder import StreamingDecoder
 from redlite.loading.template_probe import turn_markup_tokens
+from redlite.loading.text_pieces import offsets_boundary
 from redlite.loading.tokenizer_files import read_plain
 from redlite.loading.token_bytes import TokenBytes
 
@@ -99,6 +100,7 @@ class HFTokenizer:
         self._plain_specials = PlainSpecials(special_strings(backend))
         self._token_bytes: TokenBytes | None = None
         self._renders = RenderCache()
+        self._prefix_renders = PrefixRenders()
 
     @classmethod
     def from_transformers(cls, tokenizer: Any, eos_token_ids: Iterable[int] = (),
@@ -126,6 +128,7 @@ class HFTokenizer:
         self._template = ChatTemplate(source, self.special_tokens) if source else None
         self._turn_tokens = None
         self._renders.clear()
+        self._prefix_renders = PrefixRenders()
 
     @property
     def chat_template_source(self) -> str | None:
@@ -230,26 +233,30 @@ class HFTokenizer:
             at_least = self._segments.min_tokens(text, self.max_token_chars)
             if at_least > self.prompt_limit:
                 raise PromptTooLong(at_least, self.prompt_limit)
-        ids, offsets = self._segments.encode(text, plain)
+        pieces = None if plain else self._segments.encode_pieces(text, remember=True)
+        cut_count = None
+        if pieces is not None:  # tokenized from the last cut point shared with a recent prompt
+            ids, token_boundary, cut_count = pieces.ids, pieces.token_boundary, pieces.cut_count
+        else:
+            ids, offsets = self._segments.encode(text, plain)
+            token_boundary = offsets_boundary(offsets)
 
         def render(msgs: list, add_generation_prompt: bool) -> str:
             return self._render(msgs, add_generation_prompt=add_generation_prompt, **kwargs)
 
         def message_ends() -> list[int]:
-            starts = offsets[:, 0]
-            reach = np.maximum.accumulate(offsets[:, 1]) if len(offsets) else offsets[:, 1]
             ends: list[int] = []
-            bounds = message_boundaries(render, protected.messages, rendered)
+            extra = input_key(kwargs)
+            bounds = message_boundaries(render, protected.messages, rendered,
+                                        None if extra is None else (self._prefix_renders, extra))
             for chars in map_positions(bounds, at_sentinel, growth):
-                count = int(np.searchsorted(starts, chars, "left"))  # tokens starting before it
-                if count and reach[count - 1] > chars:  # a token straddles the boundary
-                    continue
-                if ends and count <= ends[-1]:
+                count = token_boundary(chars)
+                if count is None or (ends and count <= ends[-1]):  # inside a token, or no advance
                     continue
                 ends.append(count)
             return ends
 
-        return RenderedPrompt(token_ids=ids, message_ends=message_ends, text=text)
+        return RenderedPrompt(token_ids=ids, message_ends=message_ends, text=text, cut_count=cut_count)
 
     def _render(self, messages: list[dict], add_generation_prompt: bool, **template_kwargs: Any) -> str:
         if self._template is None:
