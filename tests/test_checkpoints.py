@@ -2,10 +2,13 @@
 real server with the echo engine in its non-rewindable mode."""
 
 import httpx
+import pytest
 
+from echo_app import echo_client
 from redlite.core.byte_tokenizer import ByteTokenizer
 from redlite.core.checkpoints import CheckpointStore, preamble_end, prefill_split_points
 from redlite.engine.base import Checkpoint
+from redlite.engine.echo import EchoEngine
 
 tok = ByteTokenizer()
 
@@ -109,3 +112,29 @@ def test_split_points_keep_pieces_of_at_least_min_piece():
     assert prefill_split_points(100, 116, [102, 113], 1024, min_piece=0) == [102, 113, 116]
     # long prompts keep their boundaries and interval cuts, less those too close to a neighbour
     assert prefill_split_points(0, 3000, [5, 40, 2000, 2990, 3000], 1024, min_piece=32) == [40, 1024, 2000, 2048, 3000]
+
+
+def test_split_points_always_cut_the_preamble():
+    # system + tools end at 300, a short first user message: the preamble is cut all the same
+    assert prefill_split_points(0, 328, [300, 325], 0, min_piece=64, preamble=300) == [300, 328]
+    # a cut closer than min_piece before the preamble goes, the preamble stays
+    assert prefill_split_points(0, 600, [250, 300, 500], 0, min_piece=64, preamble=300) == [300, 500, 600]
+    assert prefill_split_points(300, 328, [300, 325], 0, min_piece=64, preamble=300) == [328]
+
+
+@pytest.mark.timeout(60)
+def test_new_conversation_restores_the_preamble_with_a_min_piece():
+    """--checkpoint-min-piece 64 (the GPU default) on a no-rewind engine: a second conversation
+    with the same system prompt and a short first message restores the preamble checkpoint."""
+    engine = EchoEngine(can_rewind=False)
+    engine.checkpoint_min_piece = 64
+    system = {"role": "system", "content": "S" * 300}
+    with echo_client(engine=engine) as client:
+        cached = []
+        for task in ("first task", "second task"):
+            r = client.post("/v1/chat/completions", json={
+                "messages": [system, {"role": "user", "content": task}], "max_tokens": 4})
+            assert r.status_code == 200, r.text
+            cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+        preamble = ByteTokenizer().render_chat([system, {"role": "user", "content": "x"}]).message_ends[0]
+        assert cached == [0, preamble]

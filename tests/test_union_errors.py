@@ -29,3 +29,20 @@ def test_list_member_error_is_reported(path, body, param, fragment):
         assert error["param"] == param
         assert fragment in error["message"], error["message"]
         assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([{"role": "user"}], "messages.0.content"),
+    ([{"role": "system", "content": None}, {"role": "user", "content": "x"}], "messages.0.content"),
+    (USER + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c"}], "messages.2.content"),
+])
+def test_missing_content_is_refused_but_for_assistant(messages, param):
+    with echo_client() as client:
+        r = client.post("/v1/chat/completions", json={"messages": messages})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
+        ok = client.post("/v1/chat/completions", json={"messages": USER + [
+            {"role": "assistant", "content": None}, {"role": "user", "content": "y"}]})
+        assert ok.status_code == 200, ok.text

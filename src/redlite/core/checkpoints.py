@@ -22,7 +22,7 @@ from redlite.engine.base import Checkpoint
 
 
 def prefill_split_points(start: int, end: int, message_ends: Iterable[int], interval: int,
-                         min_piece: int = 0) -> list[int]:
+                         min_piece: int = 0, preamble: int | None = None) -> list[int]:
     """Positions (tokens, ascending, each in ``(start, end]``) at which a prefill of tokens
     ``[start, end)`` is cut so a checkpoint can be taken; always ends with ``end``.
 
@@ -31,12 +31,16 @@ def prefill_split_points(start: int, end: int, message_ends: Iterable[int], inte
     previous cut (or ``start``) or to ``end`` is dropped: every piece is a forward pass whose
     fixed cost (kernel launches: tens of ms on a GPU) outweighs re-reading that few tokens from
     the neighbouring checkpoint later (a second turn's few new tokens stay one piece).
+    preamble: the end of system + tools (:func:`preamble_end`), cut whatever ``min_piece``
+    says: a new conversation with the same preamble restores it instead of reading it again.
     """
     points = sorted({p for p in message_ends if start < p < end}
-                    | (set(range((start // interval + 1) * interval, end, interval)) if interval > 0 else set()))
+                    | (set(range((start // interval + 1) * interval, end, interval)) if interval > 0 else set())
+                    | ({preamble} if preamble is not None and start < preamble < end else set()))
     kept, last = [], start
     for point in points:
-        if point - last >= min_piece and end - point >= min_piece:
+        if point == preamble or (point - last >= min_piece and end - point >= min_piece
+                                 and (preamble is None or not point < preamble < point + min_piece)):
             kept.append(point)
             last = point
     return kept + [end]

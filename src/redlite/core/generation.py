@@ -212,12 +212,13 @@ class Generator:
         self.failed = False
         if plan.keep == len(prompt):
             return logits, True
+        preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info])
         if engine.can_rewind or self.settings.checkpoint_bytes <= 0:
             ends = [len(prompt)]
         else:  # checkpoints on message boundaries, every checkpoint_interval tokens, at the end
             ends = prefill_split_points(plan.keep, len(prompt), request.message_ends,
-                                        self.settings.checkpoint_interval, self._min_piece())
-        preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info])
+                                        self.settings.checkpoint_interval, self._min_piece(),
+                                        preamble)
         if preamble is not None and preamble <= plan.keep:  # kept (e.g. a restored conversation)
             self.checkpoints.pin(preamble)
         start = plan.keep

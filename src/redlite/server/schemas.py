@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
-                      StrictStr, StringConstraints, Tag, model_validator)
+                      StrictStr, StringConstraints, Tag, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
@@ -175,18 +176,29 @@ class NamedToolChoice(BaseModel):
 
 
 class Message(BaseModel):
-    """A chat message; ``content`` is a string, a list of text parts, or null (assistant).
+    """A chat message; ``content`` is a string, a list of text parts, or null (assistant only:
+    a missing or null ``content`` of any other role is a 400 ``messages.N.content``, as OpenAI's).
     Assistant messages may carry ``tool_calls`` and ``reasoning_content`` / ``reasoning``;
     ``tool`` messages carry ``tool_call_id``."""
 
-    model_config = _STRICT
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"anyOf": [
+        {"properties": {"role": {"const": "assistant"}}},
+        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}}]})
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[TextPart | SkipJsonSchema[MediaPart]] | None = None
+    content: StrictStr | list[TextPart | SkipJsonSchema[MediaPart]] | None = Field(
+        default=None, validate_default=True)
     name: StrictStr | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: StrictStr | None = None
     reasoning_content: StrictStr | None = None
     reasoning: StrictStr | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_required(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None and info.data.get("role", "assistant") != "assistant":
+            raise PydanticCustomError("missing", "Field required (only assistant content may be null)")
+        return value
 
     def text(self) -> str:
         if self.content is None:
