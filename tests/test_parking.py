@@ -198,3 +198,14 @@ def test_pool_choice_equals_comparing_every_entry(can_rewind):
                  for e in pool.entries()]
         slow = choose_candidate([live_candidate] + every)
         assert (fast and (fast.key, fast.usable)) == (slow and (slow.key, slow.usable))
+
+
+def test_a_parked_state_is_restored_only_when_it_saves_enough():
+    from redlite.core.parking import RESTORE_MIN_TOKENS, Candidate, choose_candidate
+
+    huge = Candidate("disk-conv", usable=1, tier="disk", held_len=54007)  # "hi" vs a 54k conversation
+    small = Candidate("ram-conv", usable=30, tier="ram", held_len=50)    # most of a small one
+    assert choose_candidate([huge]) is None
+    assert choose_candidate([huge, small]).key == "ram-conv"
+    assert choose_candidate([Candidate("d", RESTORE_MIN_TOKENS, "disk", held_len=10**6)]).key == "d"
+    assert choose_candidate([Candidate("live", 1, "live", held_len=54007)]).key == "live"  # nothing read

@@ -14,6 +14,7 @@ import httpx
 
 from redlite.core.byte_tokenizer import ByteTokenizer
 from redlite.core.session_file import read_meta
+from redlite.core.parking import RESTORE_MIN_TOKENS
 
 tok = ByteTokenizer()
 SYSTEM = {"role": "system", "content": "You are a coding agent. Keep answers short."}
@@ -122,8 +123,10 @@ def test_corrupted_truncated_and_foreign_files_run_cold(start_server, tmp_path):
     second = start_server(*args)
     reply, cached = ask(second, again(A, answer_a))
     assert reply == "Now continue where we left off."
-    # A's file is refused at load: the best left is another file sharing only the system prompt
-    assert cached == len(tok.render_chat([SYSTEM]).token_ids) < held(A, answer_a)
+    # A's file is refused at load; another file shares only the system prompt, fewer tokens than
+    # RESTORE_MIN_TOKENS and under half what it holds: not worth reading, the request runs cold
+    shared = len(tok.render_chat([SYSTEM]).token_ids)
+    assert cached == 0 and shared < RESTORE_MIN_TOKENS and 2 * shared < held(C, answer_c)
     log = second.log()
     assert f"refused file {by_first_id['A'].name} reason=checksum" in log
     assert f"refused file {by_first_id['B'].name} reason=truncated" in log

@@ -142,13 +142,25 @@ class Candidate:
 
 
 _TIER_ORDER = {"live": 0, "slot": 1, "device": 2, "ram": 3, "disk": 4}
+RESTORE_MIN_TOKENS = 128
+
+
+def worth_restoring(candidate: Candidate) -> bool:
+    """Whether a parked candidate saves enough for what its restore reads: at least
+    ``RESTORE_MIN_TOKENS`` usable tokens or at least half the tokens it holds (a restore reads
+    them all: a 54k-token conversation from disk for the one token "hi" shares with it costs
+    100 ms on a CPU and seconds on a GPU, a one-token prefill almost nothing). The live state
+    and other slots are always worth it (nothing is read)."""
+    if candidate.tier in ("live", "slot"):
+        return True
+    return candidate.usable >= RESTORE_MIN_TOKENS or 2 * candidate.usable >= candidate.held_len
 
 
 def choose_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
-    """The candidate with the longest usable prefix; ties: the request's session's, then live,
-    then another slot's, then device, then RAM, then disk, then the most recently used. None
-    when no candidate has a usable prefix > 0."""
-    usable = [c for c in candidates if c.usable > 0]
+    """The candidate with the longest usable prefix among those :func:`worth_restoring`; ties:
+    the request's session's, then live, then another slot's, then device, then RAM, then disk,
+    then the most recently used. None when no candidate has a usable prefix > 0."""
+    usable = [c for c in candidates if c.usable > 0 and worth_restoring(c)]
     if not usable:
         return None
     return min(usable, key=lambda c: (-c.usable, not c.session, _TIER_ORDER.get(c.tier, 4),
