@@ -138,3 +138,8 @@ def test_new_conversation_restores_the_preamble_with_a_min_piece():
             cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
         preamble = ByteTokenizer().render_chat([system, {"role": "user", "content": "x"}]).message_ends[0]
         assert cached == [0, preamble]
+
+
+def test_batch_invariant_says_it_has_no_effect_off_cuda(start_server):
+    server = start_server("--batch-invariant")
+    assert "--batch-invariant: no effect on cpu" in server.log()

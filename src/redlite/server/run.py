@@ -108,6 +108,11 @@ def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
     engine, tokenizer = build_engine(args)
     log.info("engine %s model %s context %d tokens, loaded in %.2f s", args.engine,
              engine.model_id, engine.max_context, time.perf_counter() - started)
+    if getattr(args, "batch_invariant", False):
+        where = getattr(getattr(engine, "device", None), "type", "cpu")
+        log.info("--batch-invariant: %s", "batched steps use the row-by-row products" if where == "cuda" else
+                 f"no effect on {where} (quantized weights batch bitwise as alone there; dense ones "
+                 "agree up to rounding)")
     settings = GeneratorSettings(reuse=not args.no_reuse, checkpoint_interval=args.checkpoint_interval,
                                  checkpoint_min_piece=getattr(args, "checkpoint_min_piece", None),
                                  checkpoint_bytes=int(args.checkpoint_mib * (1 << 20)),
