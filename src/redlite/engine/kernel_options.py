@@ -18,7 +18,9 @@ class KernelOptions:
     supports it. ``gemv_configs``: a JSON file of tuned GEMV launch settings (written by
     ``bench/gpu_tune.py --gemv --save``); None: the built-in table. ``fla``: the
     flash-linear-attention kernels for Gated DeltaNet layers on CUDA when the package imports.
-    ``onednn``: oneDNN's linear op on CPU where it probes correct (False: ``F.linear``)."""
+    ``onednn``: oneDNN's linear op on CPU where it probes correct (False: ``F.linear``).
+    ``heap_reuse``: on CPU, freed buffers stay in the C heap for the next ones (see
+    :func:`redlite.engine.heap.reuse_freed_memory`; False: glibc's defaults)."""
 
     cuda_graphs: bool = True
     triton: bool = True
@@ -26,6 +28,7 @@ class KernelOptions:
     gemv_configs: str | None = None
     fla: bool = True
     onednn: bool = True
+    heap_reuse: bool = True
 
     def __post_init__(self) -> None:
         if self.pdl not in (None, 0, 1, 2):
@@ -50,6 +53,10 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                             "when the package is installed")
     group.add_argument("--onednn", action=argparse.BooleanOptionalAction, default=True,
                        help="on CPU, oneDNN's linear op where it probes correct (--no-onednn: F.linear)")
+    group.add_argument("--heap-reuse", action=argparse.BooleanOptionalAction, default=True,
+                       help="on CPU, keep freed buffers in the C heap for the next ones instead of "
+                            "mapping each large one afresh (prefill faster; resident memory stays at "
+                            "its peak; --no-heap-reuse: glibc's defaults)")
 
 
 def kernel_options_from_args(args: argparse.Namespace) -> KernelOptions:
