@@ -8,10 +8,12 @@ For each model, one after the other in fresh processes:
 * llama.cpp's ``llama-bench -p PROMPTS -n GEN -t THREADS -r REPS -o json``: prefill and decode
   tokens/s, its peak resident memory (``wait4``);
 * redlite's engine (``--child``; ``--activations``: the decode products on 16-bit activations,
-  the server's default, or float32 ones, or 8-bit ones as llama.cpp computes them): resident memory after load, prefill tokens/s of each prompt
-  length (random token ids, empty state), decode tokens/s over GEN greedy steps after a
-  16-token prompt (mean of REPS), peak resident memory;
-* cold start, twice each (the second start uses what the first cached): ``redlite serve`` and
+  the server's default, or float32 ones, or 8-bit ones as llama.cpp computes them): resident
+  memory after load (in all, anonymous, mapped files), prefill tokens/s of each prompt length
+  (random token ids, empty state), decode tokens/s over GEN greedy steps after a 16-token
+  prompt (mean of REPS), peak resident memory;
+* cold start, twice each (the second start uses what the first cached: the GGUF conversion, and
+  Python's bytecode, written even where ``PYTHONDONTWRITEBYTECODE`` is set): ``redlite serve`` and
   ``llama-server``, process spawn to ``/health`` answering 200.
 
 Models: ``bundled`` (SmolLM2-135M Q4_1) and ``random-1.5b`` (a 1.5 B-class llama shape with
@@ -90,7 +92,7 @@ def child(model: str, ctx: int, threads: int, prompts: list[int], gen: int, reps
     started = time.perf_counter()
     engine, _ = load_engine(model, ctx_size=ctx, device="cpu")
     load_s = time.perf_counter() - started
-    rss_after_load = _rss()
+    memory_after_load = _memory()
     from redlite.layers.quant_weight import DECODE_ACTIVATIONS
 
     if activations != DECODE_ACTIVATIONS:  # the decode step on other activations than the server's
@@ -120,13 +122,20 @@ def child(model: str, ctx: int, threads: int, prompts: list[int], gen: int, reps
             logits = engine.decode(int(logits.argmax()))
         decode.append(gen / (time.perf_counter() - t))
     data = engine.state.cache.data
-    print(json.dumps({"load_s": load_s, "rss_after_load_bytes": rss_after_load, "prefill_tps": prefill,
+    print(json.dumps({"load_s": load_s, "rss_after_load_bytes": memory_after_load["VmRSS"],
+                      "anon_after_load_bytes": memory_after_load["RssAnon"],
+                      "file_after_load_bytes": memory_after_load["RssFile"], "prefill_tps": prefill,
                       "decode_tps": sum(decode) / reps, "kv_bytes": data.numel() * data.element_size()}))
 
 
-def _rss() -> int:
+def _memory() -> dict[str, int]:
+    """This process's resident bytes: ``VmRSS`` in all, ``RssAnon`` (its own heap and anonymous
+    mappings) and ``RssFile`` (mapped file pages: libraries, the GGUF; shared and reclaimable,
+    and more of them counted where the page cache holds a file in large folios)."""
     with open("/proc/self/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
+        status = f.read()
+    return {key: int(re.search(rf"{key}:\s+(\d+) kB", status).group(1)) * 1024
+            for key in ("VmRSS", "RssAnon", "RssFile")}
 
 
 def redlite(model: Path, ctx: int, threads: int, prompts: list[int], gen: int, reps: int,
@@ -164,6 +173,7 @@ def cold_start(cmd: list[str], port: int, env: dict | None = None) -> float:
 def redlite_start(model: Path, ctx: int) -> float:
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # the second start reads the bytecode the first cached
     return cold_start([sys.executable, "-m", "redlite.cli", "serve", "--model", str(model), "--port", str(port),
                        "--ctx-size", str(ctx)], port, env)
 
@@ -315,6 +325,8 @@ def markdown(run: dict) -> str:
                   f"{e['rss_ratio_vs_llama_cpp']:.2f}x |",
                   f"| resident MB after load (GGUF + KV {(e['gguf_bytes'] + ours['kv_bytes']) / mb:.0f} MB) | "
                   f"{ours['rss_after_load_bytes'] / mb:.0f} | | {e['rss_after_load_vs_gguf_plus_kv']:.2f}x |",
+                  *([f"| of which anonymous / mapped files MB | {ours['anon_after_load_bytes'] / mb:.0f} / "
+                     f"{ours['file_after_load_bytes'] / mb:.0f} | | |"] if "anon_after_load_bytes" in ours else []),
                   f"| cold start to /health, s (first, second) | "
                   f"{', '.join(f'{s:.2f}' for s in starts['redlite'])} | {theirs_start} | |", ""]
     return "\n".join(lines) + "\n"

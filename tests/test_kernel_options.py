@@ -33,15 +33,15 @@ def _serve(*argv: str):
 def test_defaults_are_the_fast_paths():
     assert kernel_options_from_args(_serve()) == KernelOptions()
     assert KernelOptions() == KernelOptions(cuda_graphs=True, triton=True, pdl=None,
-                                            gemv_configs=None, fla=True, onednn=True)
+                                            gemv_configs=None, fla=True, onednn=True, heap_reuse=True)
 
 
 def test_every_switch_reaches_the_options_object():
     args = _serve("--no-cuda-graphs", "--no-triton", "--pdl", "2", "--gemv-configs", "tuned.json",
-                  "--no-fla", "--no-onednn")
+                  "--no-fla", "--no-onednn", "--no-heap-reuse")
     assert kernel_options_from_args(args) == KernelOptions(cuda_graphs=False, triton=False, pdl=2,
                                                            gemv_configs="tuned.json", fla=False,
-                                                           onednn=False)
+                                                           onednn=False, heap_reuse=False)
 
 
 def test_bad_pdl_is_refused():
@@ -103,3 +103,34 @@ def test_no_library_module_reads_the_environment():
     assert readers <= ENV_READERS, f"environment read inside library code: {sorted(readers - ENV_READERS)}"
     assert _reads_environment(ast.parse("import os\nx = os.environ.get('A')"))
     assert _reads_environment(ast.parse("from os import getenv\nx = getenv('A')"))
+
+
+_HEAP_PROBE = """
+import resource, sys, torch
+from redlite.engine.heap import reuse_freed_memory
+if sys.argv[1] == "on":
+    assert reuse_freed_memory()
+faults = []
+for _ in range(12):  # a 64 MB buffer, written, freed: a prefill chunk's activations
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(16 << 20)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(faults[-1])
+"""
+
+
+@pytest.mark.timeout(120)
+def test_heap_reuse_keeps_freed_buffers_mapped():
+    import os
+    import subprocess
+    import sys
+
+    def faults(mode: str) -> int:
+        env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
+        done = subprocess.run([sys.executable, "-c", _HEAP_PROBE, mode], env=env, capture_output=True,
+                              text=True, timeout=100)
+        assert done.returncode == 0, done.stderr
+        return int(done.stdout.split()[-1])
+
+    assert faults("off") > 10000  # glibc maps each 64 MB buffer afresh: 16k pages fault in
+    assert faults("on") < 1000  # the freed buffer's pages are reused

@@ -27,6 +27,7 @@ def load_engine(model: str | None, ctx_size: int | None = None, device: str | No
     Raises FileNotFoundError for a missing path, ValueError for an unsupported architecture."""
     import torch
 
+    from redlite.engine.heap import release_free_heap
     from redlite.engine.torch_engine import TorchEngine
     from redlite.loading.bundled import bundled_model_path
     from redlite.loading.gguf import resolve_model_dir
@@ -51,16 +52,3 @@ def load_engine(model: str | None, ctx_size: int | None = None, device: str | No
              device, str(torch_dtype).removeprefix("torch."), time.perf_counter() - started, source)
     log.debug("returned the free heap to the system after loading: %s", "yes" if trimmed else "not on this libc")
     return engine, tokenizer
-
-
-def release_free_heap() -> bool:
-    """Give the C heap's free pages back to the system (glibc ``malloc_trim``): loading frees
-    tens of MB of transient buffers (the tokenizer's JSON, weight tables) that glibc would
-    otherwise keep resident. False where the C library has no ``malloc_trim``."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: libc's
-    except (OSError, AttributeError):
-        return False
-    return True

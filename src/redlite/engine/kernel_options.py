@@ -23,7 +23,9 @@ class KernelOptions:
     each sequence's row bitwise as that sequence's step alone (its products through
     :mod:`redlite.layers.triton_gemv_rows`, its attention sliced as alone), so the same request
     and seed give the same output whatever else runs; False: cuBLAS products, faster at large
-    batches, equal to the lone step only up to rounding."""
+    batches, equal to the lone step only up to rounding.
+    ``heap_reuse``: on CPU, freed buffers stay in the C heap for the next ones (see
+    :func:`redlite.engine.heap.reuse_freed_memory`; False: glibc's defaults)."""
 
     cuda_graphs: bool = True
     triton: bool = True
@@ -32,6 +34,7 @@ class KernelOptions:
     fla: bool = True
     onednn: bool = True
     batch_invariant: bool = False
+    heap_reuse: bool = True
 
     def __post_init__(self) -> None:
         if self.pdl not in (None, 0, 1, 2):
@@ -60,6 +63,10 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                        help="on CUDA with --parallel, every sequence in a batched decode step gets "
                             "bitwise the logits it gets alone (same seed, same output whatever else "
                             "runs); slower than cuBLAS products at large batches")
+    group.add_argument("--heap-reuse", action=argparse.BooleanOptionalAction, default=True,
+                       help="on CPU, keep freed buffers in the C heap for the next ones instead of "
+                            "mapping each large one afresh (prefill faster; resident memory stays at "
+                            "its peak; --no-heap-reuse: glibc's defaults)")
 
 
 def kernel_options_from_args(args: argparse.Namespace) -> KernelOptions:

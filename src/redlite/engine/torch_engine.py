@@ -10,6 +10,7 @@ import torch
 
 from redlite.engine.base import Engine, EngineError, SamplingParams, StateSnapshot
 from redlite.engine.fingerprint import weights_fingerprint
+from redlite.engine.heap import reuse_freed_memory
 from redlite.engine.kernel_options import KernelOptions
 from redlite.engine.sampling import TorchSampler
 from redlite.engine.torch_checkpoints import TorchCheckpoints
@@ -78,6 +79,8 @@ class TorchEngine(TorchGraphs, TorchRanges, TorchCheckpoints, Engine):
         self._use_graphs = bool(cuda_graphs and hasattr(model, "decode_step") and hasattr(self.state, "cache"))
         self.device_resident = self.device.type != "cpu"
         self._graph_decoder = None
+        if self.device.type == "cpu" and self.kernels.heap_reuse:
+            reuse_freed_memory()
         if self.device.type == "cpu" and hasattr(model, "_fused") and model._fused() is not None:
             native.claim_threads()  # before any sampling (see claim_threads)
 

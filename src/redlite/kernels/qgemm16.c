@@ -167,23 +167,57 @@ static void gemm_task(void *arg, int64_t begin, int64_t end) {
     free(buf);
 }
 
+typedef struct { const float *x; int n; int16_t *xq; float *xd, *sx; } quant_job;
+
+/* blocks i .. i + 7 (8 lanes): the sums of their 32 values, each added in order from the first */
+static inline __m256 sums8(const float *x) {
+    const __m256i at = _mm256_setr_epi32(0, 32, 64, 96, 128, 160, 192, 224);
+    __m256 sum = _mm256_setzero_ps();
+    for (int l = 0; l < 32; l++) sum = _mm256_add_ps(sum, _mm256_i32gather_ps(x + l, at, 4));
+    return sum;
+}
+
+/* tokens begin .. end - 1: each 32-value block rounded with scale max|x| / 32767 (to nearest even,
+ * as nearbyintf), and its sum (added in order, as a scalar loop would) */
+static void quant_task(void *arg, int64_t begin, int64_t end) {
+    const quant_job *q = (const quant_job *)arg;
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    int64_t first = begin * (q->n / 32), last = end * (q->n / 32);
+    for (int64_t i = first; i < last; i++) {
+        const float *v = q->x + 32 * i;
+        __m256 amax = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + 8 * k)));
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        float top = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+        __m256 inv = _mm256_set1_ps(top > 0.f ? 32767.f / top : 0.f);
+        q->xd[i] = top / 32767.f;
+        for (int k = 0; k < 4; k += 2) {
+            __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * k), inv));
+            __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * k + 8), inv));
+            _mm256_storeu_si256((__m256i *)(q->xq + 32 * i + 8 * k), _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8));
+        }
+    }
+    int64_t i = first;
+    for (; i + 8 <= last; i += 8) _mm256_storeu_ps(q->sx + i, sums8(q->x + 32 * i));
+    for (; i < last; i++) {
+        float sum = 0.f;
+        for (int l = 0; l < 32; l++) sum += q->x[32 * i + l];
+        q->sx[i] = sum;
+    }
+}
+
 /* y[t, :] = W x[t, :] for the stacked parts (all Q4_0, Q4_1, Q8_0, Q4_K or Q5_K) on 16-bit
  * activations; n a multiple of 32 (256 for the K formats), out row stride ldo. */
 void qgemm_q16x(const part_t *parts, int n_parts, const float *x, int n_tok, int n, float *out, int64_t ldo) {
     int nb = n / 32, padded = (n_tok + TT - 1) / TT * TT;
     int16_t *xq = (int16_t *)aligned_alloc(64, ((size_t)padded * n * 2 + 63) / 64 * 64);
     float *xd = (float *)malloc(sizeof(float) * 2 * (size_t)padded * nb), *sx = xd + (size_t)padded * nb;
-    memset(xq, 0, (size_t)padded * n * 2);
-    memset(xd, 0, sizeof(float) * 2 * (size_t)padded * nb);
-    for (int64_t i = 0; i < (int64_t)n_tok * nb; i++) {
-        const float *v = x + 32 * i;
-        float top = 0.f, sum = 0.f;
-        for (int l = 0; l < 32; l++) { top = fmaxf(top, fabsf(v[l])); sum += v[l]; }
-        float inv = top > 0.f ? 32767.f / top : 0.f;
-        xd[i] = top / 32767.f;
-        sx[i] = sum;
-        for (int l = 0; l < 32; l++) xq[32 * i + l] = (int16_t)nearbyintf(v[l] * inv);
-    }
+    memset(xq + (size_t)n_tok * n, 0, (size_t)(padded - n_tok) * n * 2); /* the padding tokens */
+    memset(xd + (size_t)n_tok * nb, 0, sizeof(float) * (size_t)(padded - n_tok) * nb);
+    memset(sx + (size_t)n_tok * nb, 0, sizeof(float) * (size_t)(padded - n_tok) * nb);
+    quant_job q = {x, n, xq, xd, sx};
+    pool_run(quant_task, &q, n_tok, 16);
     int64_t rows = 0;
     for (int p = 0; p < n_parts; p++) rows += parts[p].rows;
     gemm_job job = {parts, n_parts, n_tok, n, xq, xd, sx, out, ldo, rows};

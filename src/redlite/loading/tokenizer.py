@@ -276,7 +276,7 @@ def _max_token_chars(backend: Any) -> int | None:
     if backend.normalizer is not None:
         return None
     vocab = backend.get_vocab(with_added_tokens=True)
-    return max((len(token) for token in vocab), default=0) or None
+    return max(map(len, vocab), default=0) or None
 
 
 def load_tokenizer(model_dir: str | os.PathLike[str]) -> HFTokenizer:
