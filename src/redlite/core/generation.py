@@ -324,7 +324,7 @@ class Generator:
             self.sequence.touch()
             yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan)
             return
-        log.info("%s prefill %d tok (%d cached) ttft %.1f ms (select %.1f, plan %.1f, prefill %.1f)%s",
+        log.info("%s prefill %d tok (%d cached) ttft %.1f ms (select %.1f, plan %.1f, engine %.1f)%s",
                  request.request_id, plan.prefill, plan.keep, ttft_ms, 1e3 * (selected - started),
                  1e3 * (planned - selected), ttft_ms - 1e3 * (planned - started),
                  f" session={request.session_key}" if request.session_key else "")

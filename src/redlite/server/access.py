@@ -145,7 +145,10 @@ async def _cancelled_generation_end(context: RequestContext) -> None:
     and it still runs: its token counts are noted when it ends (:func:`note_event`)."""
     job = context.job
     if job is not None and job.request.cancelled.is_set() and not job.finished.is_set():
-        await asyncio.to_thread(job.finished.wait, SETTLE_S)
+        try:
+            await asyncio.to_thread(job.finished.wait, SETTLE_S)
+        except asyncio.CancelledError:  # a forced stop cancels the wait: log what is known
+            pass
 
 
 def access_record(scope, context: RequestContext) -> dict:
