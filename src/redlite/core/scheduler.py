@@ -92,6 +92,11 @@ class Scheduler:
         return [lane.job is not None for lane in self.lanes]
 
     @property
+    def closing(self) -> bool:
+        """True once :meth:`shutdown` has begun."""
+        return self._closing
+
+    @property
     def busy(self) -> bool:
         return any(self.running)
 

@@ -128,6 +128,11 @@ class EngineWorker:
         """Per slot: whether a job runs in it."""
         return [self.busy]
 
+    @property
+    def closing(self) -> bool:
+        """True once :meth:`shutdown` has begun."""
+        return self._closing
+
     def submit(self, job: Job) -> None:
         """Queue ``job``. Raises QueueFull or ShuttingDown."""
         with self._lock:

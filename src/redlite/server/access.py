@@ -89,11 +89,14 @@ def note_event(scope, event) -> None:
 
 class AccessMiddleware:
     """Pure ASGI middleware: see the module docstring. ``on_end(scope, context)`` (optional)
-    runs after each HTTP request, after the log line (the metrics count it there)."""
+    runs after each HTTP request, after the log line (the metrics count it there).
+    ``stopping()`` (optional): True once the server is shutting down (then the line does not
+    wait for a cancelled generation's counts)."""
 
-    def __init__(self, app, on_end=None) -> None:
+    def __init__(self, app, on_end=None, stopping=None) -> None:
         self.app = app
         self.on_end = on_end
+        self.stopping = stopping or (lambda: False)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -123,7 +126,8 @@ class AccessMiddleware:
         finally:
             context.ended = time.perf_counter()
             try:
-                await _cancelled_generation_end(context)
+                if not self.stopping():
+                    await _cancelled_generation_end(context)
             finally:
                 self._log(scope, context)
                 if self.on_end is not None:

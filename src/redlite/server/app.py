@@ -120,7 +120,8 @@ def create_app(state: ServerState) -> FastAPI:
     metrics = ServerMetrics(state) if state.metrics else None
     app.add_middleware(AccessMiddleware, on_end=(
         None if metrics is None else
-        lambda scope, context: metrics.observe(scope, context.status, context.results)))
+        lambda scope, context: metrics.observe(scope, context.status, context.results)),
+        stopping=lambda: getattr(state.worker, "closing", False))
     if state.chat is None:  # no tokenizer lock: rendering and tokenizing are thread-safe
         state.chat = ChatService(state.worker, state.tokenizer, state.max_context,
                                  state.chat_options, state.retry_after_s)
