@@ -29,7 +29,7 @@ def prefill_split_points(start: int, end: int, message_ends: Iterable[int], inte
     message_ends: message boundary positions of the prompt. interval: checkpoint every
     ``interval`` absolute positions (0 disables). min_piece: a cut closer than this to the
     previous cut (or ``start``) or to ``end`` is dropped: every piece is a forward pass whose
-    fixed cost (kernel launches: tens of ms on a GPU) outweighs re-reading that few tokens from
+    fixed cost (its kernel launches, on a GPU) outweighs re-reading that few tokens from
     the neighbouring checkpoint later (a second turn's few new tokens stay one piece).
     preamble: the end of system + tools (:func:`preamble_end`), cut whatever ``min_piece``
     says: a new conversation with the same preamble restores it instead of reading it again.

@@ -78,7 +78,7 @@ def _graph_prefill(engine, probe: int = 8, cap: int = 64) -> int:
     """Measure an eager ``probe``-token prefill against ``probe`` graph decode steps (best of
     3, on a few held tokens) and set ``engine.graph_prefill_tokens`` to how many graph steps
     cost no more than the eager pass (at most ``cap``): on a GPU an eager pass of a few tokens
-    is bound by its kernel launches (tens of ms for a 9B hybrid), a replay is not. Returns it."""
+    is bound by its kernel launches, a replay is not. Returns it."""
     import torch
 
     ids = _ids(probe, engine.vocab_size)

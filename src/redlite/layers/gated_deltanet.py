@@ -24,7 +24,7 @@ CUDA, when the ``flash-linear-attention`` package is importable (and the layer's
 True: the CLI's ``--no-fla`` clears it), its Triton kernels ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule``
 replace the PyTorch ones; with fla, pieces of up to ``recurrent_max_tokens`` tokens (a second
 turn's suffix) also take the recurrent kernel: one launch where the chunked form's host work
-costs about 0.7 ms per layer (bench/short_prefill.py).
+is the larger cost for so few tokens (bench/results/short-prefill-*).
 """
 
 from __future__ import annotations
