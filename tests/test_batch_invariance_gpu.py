@@ -1,6 +1,7 @@
 """Batch invariance on a CUDA device (``-m gpu``): with ``KernelOptions(batch_invariant=True)``
 a sequence decoded in a batched step gets bitwise the logits it gets decoded alone, in
-bfloat16, whatever else is in the batch (:mod:`redlite.layers.triton_gemv_rows`)."""
+bfloat16, whatever else is in the batch (:mod:`redlite.layers.triton_gemv_rows`), for the
+Llama family and the Qwen3.5 hybrid (dense and MoE)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 
 from redlite.engine.kernel_options import KernelOptions
 from redlite.engine.torch_engine import TorchEngine
+from test_hybrid_decode import make_model as make_hybrid
+from test_moe_decode import make_model as make_moe
 from test_slot_pool import greedy_alone, make_llama, prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -38,15 +41,24 @@ def test_gemv_rows_equal_one_row_products(form, m):
     assert float((together.float() - alone.float()).abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("invariant", [True, False])
-def test_batched_graph_step_is_bitwise_the_lone_step(invariant):
+def make(kind: str):
+    """A tiny random model of ``kind`` in bfloat16 on the GPU, and its vocabulary size."""
+    if kind == "llama":
+        model = make_llama(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2,
+                           head_dim=32)
+    else:
+        model = make_hybrid() if kind == "hybrid" else make_moe()
+    return model.to("cuda", torch.bfloat16), model.vocab_size
+
+
+@pytest.mark.parametrize("kind,invariant", [("llama", True), ("llama", False), ("hybrid", True), ("moe", True)])
+def test_batched_graph_step_is_bitwise_the_lone_step(kind, invariant):
     """Five bfloat16 slots (different lengths, the set shrinking from 5 to 3) decoded through the
     batched graphs against each decoded alone on the same weights: bitwise equal logits with
     ``batch_invariant``; without it only close (cuBLAS picks its algorithm by batch size)."""
-    model = make_llama(hidden_size=256, intermediate_size=512, num_attention_heads=8, num_key_value_heads=2,
-                       head_dim=32).to("cuda", torch.bfloat16)
+    model, vocab = make(kind)
     kernels = KernelOptions(batch_invariant=invariant)
-    feeds, steps = prompts(96, lengths=(5, 11, 1, 23, 7)), 10
+    feeds, steps = prompts(vocab, lengths=(5, 11, 1, 23, 7)), 10
     alone = TorchEngine(model, ctx_size=128, device="cuda", dtype=torch.bfloat16, kernels=kernels)
     want, fed = greedy_alone(alone, feeds, steps)
     pool = TorchEngine(model, ctx_size=128, device="cuda", dtype=torch.bfloat16, kernels=kernels)
@@ -63,5 +75,21 @@ def test_batched_graph_step_is_bitwise_the_lone_step(invariant):
             if invariant:
                 assert torch.equal(row, expect), (i, step, float((row - expect).abs().max()))
     assert pool._shared["batch_graphs"].captures >= 1
+    assert pool._shared["batch_graphs"].ops.batch_invariant == invariant
     if not invariant:
         assert worst < 0.2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("kind", ["hybrid", "moe"])
+def test_hybrid_batched_step_rows_equal_lone_step(kind, dtype):
+    """The Qwen3.5 batched step with the batch-invariant ops, eagerly, on batches of 4, 3, 2
+    and 1 sequences at different positions: each row's logits, KV rows and conv/recurrent
+    states bitwise those of the lone ``decode_step``
+    (:func:`triton_batch_invariance_check.check_hybrid_rows`)."""
+    from test_hybrid_decode import CONFIG as DENSE
+    from test_moe_decode import CONFIG as MOE
+    from triton_batch_invariance_check import check_hybrid_rows, hybrid_model  # imports Triton
+
+    with torch.inference_mode():
+        check_hybrid_rows(hybrid_model(DENSE if kind == "hybrid" else MOE, "cuda", dtype), "cuda", dtype)

@@ -9,8 +9,8 @@ decode ops of the single-sequence step (:mod:`redlite.layers.decode_ops`): q/k n
 the KV write and attention over that sequence's own cache (``rope_attend`` /
 ``gated_rope_attend``), and for the Qwen3.5 hybrid the Gated DeltaNet step over its own conv
 and recurrent states (``gdn_step``) and mixture-of-experts routing (``moe``). With ops whose
-``batch_invariant`` is set (llama family), the step is the lone ``decode_step``'s ops on B rows,
-each row bitwise what that sequence's step alone gives.
+``batch_invariant`` is set, the step is the lone ``decode_step``'s ops on B rows (both
+families), each row bitwise what that sequence's step alone gives.
 """
 
 from __future__ import annotations
@@ -70,31 +70,72 @@ def _llama_step(model, tokens, pos, states, span, ops) -> torch.Tensor:
 
 
 def _qwen3_5_step(model, tokens, pos, states, span, ops) -> torch.Tensor:
+    if getattr(ops, "batch_invariant", False):
+        return _qwen3_5_invariant_step(model, tokens, pos, states, span, ops)
     x = torch.nn.functional.embedding(tokens, model.embed_weight)
     cos, sin = model.rotary.get(0, states[0].max_tokens, x.device, x.dtype)
-    n = x.shape[0]
     for i, layer in enumerate(model.layers):
         norm = layer.input_layernorm
         h = zero_centered_rms_norm(x, norm.weight, norm.eps)
         if layer.layer_type == LINEAR:
             mixer = layer.linear_attn
-            proj = batch_linear(mixer.linear, h, mixer.in_proj_weight, None)
-            out = torch.cat([ops.gdn_step(proj[b:b + 1], state.conv[i], state.recurrent[i], mixer)
-                             for b, state in enumerate(states)]).view(n, -1)
+            out = _gdn_rows(ops, batch_linear(mixer.linear, h, mixer.in_proj_weight, None), states, i, mixer)
             x.add_(batch_linear(mixer.linear, out, mixer.out_weight, None))
         else:
             attn = layer.self_attn
             qkv = batch_linear(attn.linear, h, attn.qkv_weight, attn.qkv_bias)
-            out = ops.batch_rope_attend(qkv, pos, cos, sin, attn.q_norm_weight, attn.eps,
-                                        [state.cache for state in states], states[0].kv_slot[i], attn.n_heads,
-                                        attn.n_kv_heads, attn.head_dim, span, None, gated=True,
-                                        k_norm=attn.k_norm_weight)
+            out = _gated_attend(ops, qkv, pos, cos, sin, states, i, attn, span)
             x.add_(batch_linear(attn.linear, out, attn.o_weight, attn.o_bias))
         post, mlp = layer.post_attention_layernorm, layer.mlp
         if layer.moe:
-            for b in range(n):  # routing per token, through the single-token path
-                ops.moe(x[b:b + 1], post.weight, post.eps, mlp, zero_centered=True)
+            _moe_rows(ops, x, post, mlp)
             continue
         x.add_(swiglu_batch(mlp, zero_centered_rms_norm(x, post.weight, post.eps)))
     x = zero_centered_rms_norm(x, model.norm.weight, model.norm.eps)
     return batch_linear(model.linear, x, model.lm_head_weight, None).float()
+
+
+def _qwen3_5_invariant_step(model, tokens, pos, states, span, ops) -> torch.Tensor:
+    """The hybrid's lone ``decode_step`` ops on B rows (norm + product kernels on ``[B, K]``,
+    each row computed as alone; attention sliced as alone; GDN and MoE per row)."""
+    x = torch.nn.functional.embedding(tokens, model.embed_weight)  # [B, hidden], updated in place
+    cos, sin = model.rotary.get(0, states[0].max_tokens, x.device, x.dtype)
+    for i, layer in enumerate(model.layers):
+        norm = layer.input_layernorm
+        if layer.layer_type == LINEAR:
+            mixer = layer.linear_attn
+            proj = ops.norm_linear(x, norm.weight, norm.eps, mixer.in_proj_weight, None, zero_centered=True)
+            ops.linear_residual(_gdn_rows(ops, proj, states, i, mixer), mixer.out_weight, None, x)
+        else:
+            attn = layer.self_attn
+            qkv = ops.norm_linear(x, norm.weight, norm.eps, attn.qkv_weight, attn.qkv_bias, zero_centered=True)
+            out = _gated_attend(ops, qkv, pos, cos, sin, states, i, attn, span)
+            ops.linear_residual(out, attn.o_weight, attn.o_bias, x)
+        post, mlp = layer.post_attention_layernorm, layer.mlp
+        if layer.moe:
+            _moe_rows(ops, x, post, mlp)
+            continue
+        act = ops.norm_gate_up(x, post.weight, post.eps, mlp.gate_up_weight, mlp.gate_up_bias, mlp.inter,
+                               zero_centered=True)
+        ops.linear_residual(act, mlp.down_weight, mlp.down_bias, x)
+    return ops.norm_linear(x, model.norm.weight, model.norm.eps, model.lm_head_weight, None, out_float32=True,
+                           zero_centered=True)
+
+
+def _gdn_rows(ops, proj, states, i, mixer) -> torch.Tensor:
+    """Layer ``i``'s Gated DeltaNet step of each row over its own conv/recurrent states: [B, Hv*Dv]."""
+    return torch.cat([ops.gdn_step(proj[b:b + 1], state.conv[i], state.recurrent[i], mixer)
+                      for b, state in enumerate(states)]).view(len(states), -1)
+
+
+def _gated_attend(ops, qkv, pos, cos, sin, states, i, attn, span) -> torch.Tensor:
+    """Layer ``i``'s gated attention of each row over its own cache: [B, H * D]."""
+    return ops.batch_rope_attend(qkv, pos, cos, sin, attn.q_norm_weight, attn.eps, [state.cache for state in states],
+                                 states[0].kv_slot[i], attn.n_heads, attn.n_kv_heads, attn.head_dim, span, None,
+                                 gated=True, k_norm=attn.k_norm_weight)
+
+
+def _moe_rows(ops, x, post, mlp) -> None:
+    """``x[b] += moe(norm(x[b]))`` per row: routing per token, through the single-token path."""
+    for b in range(x.shape[0]):
+        ops.moe(x[b:b + 1], post.weight, post.eps, mlp, zero_centered=True)
