@@ -115,3 +115,12 @@ def test_responses_status_at_max_tokens(stream):
             calls = [i["status"] for i in body["output"] if i["type"] == "function_call"]
             # streamed, a call cut mid-way was announced (output_item.added): it ends "incomplete"
             assert calls == ["completed"] * n + ["incomplete"] * (stream and streamed_cut), max_tokens
+
+
+@pytest.mark.timeout(60)
+def test_the_log_line_says_what_the_client_got(caplog):
+    with echo_client() as client, caplog.at_level("INFO", logger="redlite.generation"):
+        assert chat(client, len(CALL), "required", False)[0] == "tool_calls"
+        assert chat(client, len(CALL) - 20, "required", False)[0] == "length"
+    finishes = [m.split("finish ")[1].split(",")[0] for m in caplog.messages if " generated " in m]
+    assert finishes == ["tool_calls", "length"]
