@@ -85,6 +85,9 @@ def test_count_tokens(echo):
     ({"max_tokens": 5, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]},
      400, "invalid_request_error", "text-only"),
+    # the message names no chat-completions value ('required') the client never sent
+    ({"max_tokens": 5, "tool_choice": {"type": "any"}, "messages": [{"role": "user", "content": "x"}]},
+     400, "invalid_request_error", "tool_choice forces a tool call, but the request has no tools"),
 ])
 def test_errors_in_anthropic_shape(echo, body, status, kind, needle):
     r = echo.client.post("/v1/messages", json={"model": "m", **body})

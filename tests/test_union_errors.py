@@ -46,3 +46,18 @@ def test_missing_content_is_refused_but_for_assistant(messages, param):
         ok = client.post("/v1/chat/completions", json={"messages": USER + [
             {"role": "assistant", "content": None}, {"role": "user", "content": "y"}]})
         assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize("body, prefix", [
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content: "),
+    ({"messages": USER, "tool_choice": {"type": "tool"}}, "tool_choice.name: Field required"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0.content.0: "),
+])
+@pytest.mark.timeout(60)
+def test_anthropic_error_names_no_discriminator_tag(body, prefix):
+    """The role / type value that picks a union member is no field: ``messages.0.content``,
+    not ``messages.0.user.content``."""
+    with echo_client() as client:
+        r = client.post("/v1/messages", json={"model": "m", "max_tokens": 5, **body})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"].startswith(prefix), r.text

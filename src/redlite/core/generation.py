@@ -387,7 +387,7 @@ class Generator:
         elapsed = self._clock() - decode_started
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
-                 request.request_id, generated, rate, finish, len(self.held_ids))
+                 request.request_id, generated, rate, output.finish_reason, len(self.held_ids))
         self.sequence.touch()  # before the result goes out: a client reading it sees the time
         yield GenerationResult(finish, len(prompt), generated, plan.keep, ttft_ms, rate, plan, output,
                                index, records, answer)

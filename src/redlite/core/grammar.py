@@ -12,6 +12,7 @@ complete, only the end-of-turn tokens are allowed.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -79,8 +80,14 @@ def check_constraint(spec: ConstraintSpec, tokenizer: Any = None) -> None:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, llg_tok)
     if is_error:
         param = "response_format" if spec.kind == "json" else "tools"
-        raise ConstraintError(f"cannot build the output grammar: {messages[0] if messages else '?'}",
-                              param)
+        raise ConstraintError(_reason(messages[0] if messages else "?"), param)
+
+
+def _reason(llguidance_error: str) -> str:
+    """The client's message for a rejected grammar: llguidance's reason, without the position
+    in and the listing of our generated grammar (internals, not the request's)."""
+    first = llguidance_error.strip().splitlines()[0] if llguidance_error.strip() else "?"
+    return "cannot build the output grammar: " + re.sub(r"^at \d+\(\d+\): ", "", first)
 
 
 class GrammarMatcher:
@@ -98,7 +105,7 @@ class GrammarMatcher:
         grammar = llguidance.LLMatcher.grammar_from_lark(spec.grammar)
         self._matcher = llguidance.LLMatcher(llg_tokenizer, grammar, log_level=0)
         if self._matcher.is_error():
-            raise ConstraintError(f"cannot build the output grammar: {self._matcher.get_error()}",
+            raise ConstraintError(_reason(self._matcher.get_error()),
                                   "response_format" if spec.kind == "json" else "tools")
         self._bits = np.full((self._vocab + 31) // 32, -1, dtype=np.int32)
 

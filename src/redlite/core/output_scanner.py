@@ -23,6 +23,11 @@ Equality of streaming and non-streaming: the final output is built from the very
 were emitted, so the pieces of each kind concatenate exactly to it, whatever the chunking. The
 one exception is a call cut by ``max_tokens`` (finish ``length``): its start and partial
 arguments were streamed, and the final output drops it (no half call is reported as a call).
+
+``max_tokens`` cutting an answer after a complete call, with only whitespace since, ends it
+with ``tool_calls`` (the calls are whole; a forced call often ends on the limit's last
+token); a cut call, or a held tail that would have opened one (``<tool_``), is dropped and
+keeps ``length``, as does text after the last call.
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ class OutputScanner:
         self._finished = False
         self._complete_calls = 0
         self._repeated = False  # a complete call repeated an earlier one: generation ends
+        self._text_after_call = False  # content or reasoning text since the last complete call
 
     @property
     def stopped(self) -> bool:
@@ -127,7 +133,7 @@ class OutputScanner:
         if body:
             piece = self._ws + body
             self._ws = ""
-            self._seen_text = True
+            self._seen_text = self._text_after_call = True
             events.append(OutputEvent(kind, piece))
             if kind == "content":
                 self.output.content += piece
@@ -212,6 +218,7 @@ class OutputScanner:
             self._drop(call.index)
         elif call.started:
             self._complete_calls += 1
+            self._text_after_call = False
             calls = self.output.tool_calls
             done = calls[call.index]
             if any((c.name, c.arguments) == (done.name, done.arguments) for c in calls[:call.index]):
@@ -237,12 +244,15 @@ class OutputScanner:
 
     def finish(self, reason: str) -> tuple[list[OutputEvent], ChatOutput]:
         """End the output. reason: ``stop`` (end of turn or stop sequence), ``length`` or
-        ``cancelled``. Returns the last events and the whole :class:`ChatOutput` (finish_reason
-        ``tool_calls`` when calls were made and the turn ended normally)."""
+        ``cancelled``. Returns the last events and the whole :class:`ChatOutput`; its
+        finish_reason is ``tool_calls`` when calls were made and the turn ended normally, or
+        when ``length`` cut it after a complete call with only whitespace since (a call cut
+        mid-way, or text after the last call, keeps ``length``)."""
         events: list[OutputEvent] = []
         if self._finished:
             return events, self.output
         self._finished = True
+        dropped = self.output.dropped_calls
         if not self.stopped:
             self._lex(self._stop.flush(), events)
         if self._stop.stopped:
@@ -261,15 +271,20 @@ class OutputScanner:
             else:  # a call cut before its name was complete is dropped too (it is no text either)
                 self.output.dropped_calls += 1
         elif self._pending:
-            self._emit(self._mode, self._pending, events)
+            openers = [m for m in self._markers() if m not in (THINK_OPEN, THINK_CLOSE)]
+            if reason == "length" and any(m.startswith(self._pending) for m in openers):
+                self.output.dropped_calls += 1  # a call opener cut by max_tokens: no text either
+            else:
+                self._emit(self._mode, self._pending, events)
             self._pending = ""
         if self._ws and self._mode == "content" and not self.output.tool_calls:
             self._seen_text = True
             events.append(OutputEvent("content", self._ws))
             self.output.content += self._ws
         self._ws = ""
+        cut = self.output.dropped_calls > dropped or self._text_after_call
         self.output.tool_calls = [c for c in self.output.tool_calls if c.name]
-        if self.output.tool_calls and reason == "stop":
+        if self.output.tool_calls and (reason == "stop" or (reason == "length" and not cut)):
             reason = "tool_calls"
         self.output.finish_reason = reason
         return events, self.output

@@ -8,6 +8,7 @@ a generation runs.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,18 +68,38 @@ class ServerState:
     metrics: bool = True  # --metrics / --no-metrics: GET /metrics and the per-request counts
 
 
-def _param_of(loc: tuple) -> str | None:
+def _param_of(loc: tuple, body: Any = None) -> str | None:
     """The dotted request field of a pydantic error location (``messages.0.content.1``,
     ``stop.0``): union member tags that pydantic puts in ``loc`` (``str``, ``list[int]``,
     ``constrained-str``, model class names) are dropped; field names are snake_case
-    identifiers or list indices."""
-    parts = [str(p) for p in loc if p != "body"]
+    identifiers or list indices. With the parsed ``body``, a part that is no key or index of
+    the body there is a tag too (a discriminator's value: Anthropic's ``user`` of
+    ``messages.0.user.content``), but for the last one (a missing field)."""
+    parts = [p for p in loc if p != "body"]
+    if body is not None:
+        kept, node = [], body
+        for i, part in enumerate(parts):
+            if isinstance(node, dict) and part in node or \
+                    isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                kept.append(part)
+                node = node[part]
+            elif i == len(parts) - 1:
+                kept.append(part)
+        parts = kept
+    parts = [str(p) for p in parts]
     parts = [p for p in parts if not ("[" in p or "-" in p or p[:1].isupper()
                                       or p in _TYPE_TAGS)]
     return ".".join(parts) or None
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
+
+
+def _loads_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 def _first_error(error: ValidationError) -> dict:
@@ -268,7 +289,7 @@ def _validate(raw: bytes, model: type[BaseModel]) -> Any:
         loc = tuple(first.get("loc", ()))
         if not loc and first["type"] in ("model_type", "model_attributes_type", "dict_type"):
             raise APIError(400, "request body must be a JSON object") from None
-        param = _param_of(loc)
+        param = _param_of(loc, _loads_or_none(raw))
         raise APIError(400, f"{param}: {first.get('msg')}" if param else str(first.get("msg")),
                        param) from None
     unsupported = unsupported_field(parsed) if isinstance(parsed, SamplingFields) else None

@@ -230,7 +230,7 @@ class ChatService:
         """400 for a tool_choice that cannot be honoured."""
         names = set(tool_schemas(request.tools))
         if request.tool_choice == "required" and not request.tools:
-            raise APIError(400, "tool_choice 'required' needs tools", "tool_choice")
+            raise APIError(400, "tool_choice forces a tool call, but the request has no tools", "tool_choice")
         if request.tool_choice not in ("auto", "none", "required") and request.tool_choice not in names:
             raise APIError(400, f"tool_choice names function {request.tool_choice!r}, which is not "
                            "in tools", "tool_choice")

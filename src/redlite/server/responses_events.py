@@ -115,7 +115,7 @@ class ResponseStream:
     def _position(self) -> int:
         return len(self.items)
 
-    def _close(self) -> list[dict]:
+    def _close(self, status: str = "completed") -> list[dict]:
         item = self._open
         if item is None:
             return []
@@ -139,7 +139,7 @@ class ResponseStream:
                        self._event("response.content_part.done", item_id=item["id"],
                                    output_index=index, content_index=0, part=part)]
         else:
-            done = call_item(item["id"], item["call_id"], item["name"], text)
+            done = call_item(item["id"], item["call_id"], item["name"], text, status)
             events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
                                       output_index=index, name=item["name"], arguments=text))
         events.append(self._event("response.output_item.done", output_index=index, item=done))
@@ -193,8 +193,12 @@ class ResponseStream:
 
     def finish(self, output: ChatOutput, usage: Usage) -> tuple[list[dict], dict]:
         """Close the open item and end with ``response.completed`` / ``response.incomplete``.
-        A response with no item at all gets one empty message. Returns (events, response)."""
-        events = self._close()
+        A response with no item at all gets one empty message; a call the answer dropped (cut
+        by ``max_output_tokens``) is closed ``incomplete``. Returns (events, response)."""
+        kept = {call.id for call in output.tool_calls}
+        cut = self._open is not None and self._open["type"] == "function_call" \
+            and self._open["call_id"] not in kept
+        events = self._close("incomplete" if cut else "completed")
         if not self.items:
             events += self._open_item(message_item(item_id("msg"), "", "in_progress") | {"content": []},
                                       {"type": "output_text", "text": "", "annotations": [],
