@@ -52,6 +52,22 @@ def test_max_tokens_and_stop_sequence(echo):
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", "cd")
 
 
+def test_an_empty_answer_has_no_content_block(echo):
+    # Anthropic answers [] (an empty text block sent back in the history is refused there)
+    client = sdk(echo)
+    fields = dict(model="m", max_tokens=50, stop_sequences=["a"], messages=[{"role": "user", "content": "abc"}])
+    message = client.messages.create(**fields)
+    assert message.content == [] and message.stop_reason == "stop_sequence"
+    with client.messages.stream(**fields) as stream:
+        kinds = [event.type for event in stream]
+        streamed = stream.get_final_message()
+    assert streamed.content == [] and "content_block_start" not in kinds and kinds[-1] == "message_stop"
+    again = client.messages.create(model="m", max_tokens=50, messages=[
+        {"role": "user", "content": "abc"}, {"role": "assistant", "content": message.content},
+        {"role": "user", "content": "next"}])
+    assert again.content[0].text == "next"
+
+
 def test_raw_stream_event_order_and_ping_free_text(echo):
     body = {"model": "m", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hey"}]}
     with echo.client.stream("POST", "/v1/messages", json=body,

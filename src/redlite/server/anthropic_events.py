@@ -52,12 +52,14 @@ def stop_reason_of(output: ChatOutput) -> str:
 
 
 def content_blocks(output: ChatOutput) -> list[dict]:
-    """The ``content`` list: thinking (if any), text (if any), then one tool_use per call."""
+    """The ``content`` list: thinking (if any), text (if any), then one tool_use per call; an
+    empty answer is ``[]``, as Anthropic's API returns it (an empty text block would be refused
+    when the client sends the message back)."""
     blocks: list[dict] = []
     if output.reasoning:
         blocks.append({"type": "thinking", "thinking": output.reasoning,
                        "signature": thinking_signature(output.reasoning)})
-    if output.content or not (output.reasoning or output.tool_calls):
+    if output.content:
         blocks.append({"type": "text", "text": output.content})
     for call in output.tool_calls:
         blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
@@ -149,10 +151,8 @@ class MessageStream:
 
     def finish(self, output: ChatOutput, usage: Usage) -> list[dict]:
         """Close the open block; ``message_delta`` with the stop reason and the final usage;
-        ``message_stop``. A message with no block at all gets one empty text block."""
+        ``message_stop``. An empty answer has no content block at all (as :func:`content_blocks`)."""
         events = self._close()
-        if self._index < 0:
-            events += self._open_block("text", {"type": "text", "text": ""}) + self._close()
         events.append({"type": "message_delta",
                        "delta": {"stop_reason": stop_reason_of(output),
                                  "stop_sequence": output.stop_sequence
