@@ -8,14 +8,17 @@ device, so the step stays inside the CUDA graph):
 * the router product: ``gates_weight`` [E + 1, H] times the normalised ``x``, one
   :func:`redlite.layers.triton_gemv.gemv` with the input norm fused in, giving the ``E``
   router logits and the shared expert's gate logit as float32;
-* :func:`_route_kernel` (one program): softmax, top-k, normalised top-k weights, and
-  ``sigmoid`` of the shared gate, into a small routing buffer;
+* :func:`_route_kernel` (one program): softmax, top-k (one max per pick over keys packing
+  the probability above the id), normalised top-k weights, and ``sigmoid`` of the shared
+  gate, into a small routing buffer;
 * :func:`_gate_up_kernel`: one program per row block of one chosen expert's fused gate/up
   weight (or of the shared expert's), ``silu(gate) * up`` of the RMS-normalised ``x`` (norm
   fused in) into row ``slot`` of the activation buffer [k + 1, max(I, Is)] (the shared
   expert's is row ``k``). Only the chosen experts' weights are read;
 * :func:`_down_kernel`: per block of output rows, the routed experts' down products weighted
-  by their routing weights, plus the gated shared expert's, added to the residual in place.
+  by their routing weights (all experts' ids read at once, then one gather of every expert's
+  rows per column step, so their loads are in flight together), plus the gated shared
+  expert's, added to the residual in place.
 
 Rounding follows the torch reference (:meth:`SparseMoE.forward` through
 :meth:`redlite.layers.decode_ops.TorchDecodeOps.moe`): each product rounded to the model
@@ -36,6 +39,8 @@ from redlite.layers.triton_gemv import _load_tile, _row_block, _x_tile, gemv, pd
 #: (bench/results/hybrid-2026-12-01-nvidia-h200-35b-a3b.md).
 GATE_UP_CONFIG = (4, 2048, 4)
 DOWN_CONFIG = (4, 512, 4)
+#: warps of the one-program routing kernel (its reductions span all of them)
+ROUTE_WARPS = 1
 MAX_EXPERTS = 1024
 
 
@@ -48,15 +53,17 @@ def _top_k(logits_ptr, E, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_TK: 
     js = tl.arange(0, BLOCK_TK)
     logit = tl.load(logits_ptr + es, mask=es < E, other=float("-inf")).to(tl.float32)
     p = tl.exp(logit - tl.max(logit, axis=0))
-    p = tl.where(es < E, p / tl.sum(p, axis=0), -1.0)
+    p = p / tl.sum(p, axis=0)
+    # one max per pick: a probability's bits (>= 0: ordered as integers) above the inverted id
+    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - es).to(tl.int64)
+    key = tl.where(es < E, key, -1)
     ids = tl.zeros([BLOCK_TK], tl.int32)
     ws = tl.zeros([BLOCK_TK], tl.float32)
     for j in tl.static_range(TOP_K):
-        m = tl.max(p, axis=0)
-        idx = tl.min(tl.where(p == m, es, BLOCK_E), axis=0)
-        ids = tl.where(js == j, idx, ids)
-        ws = tl.where(js == j, m, ws)
-        p = tl.where(es == idx, -1.0, p)
+        top = tl.max(key, axis=0)
+        ids = tl.where(js == j, BLOCK_E - 1 - (top & 0xFFFFFFFF).to(tl.int32), ids)
+        ws = tl.where(js == j, (top >> 32).to(tl.int32).to(tl.float32, bitcast=True), ws)
+        key = tl.where(key == top, -1, key)
     if NORM_TOPK:
         ws = ws / tl.sum(ws, axis=0)
     return ids, ws
@@ -121,27 +128,30 @@ def _down_kernel(act_ptr, route_ptr, dw_ptr, sdw_ptr, out_ptr, H, I, IS, IMAX, T
     s_rows = rows.to(tl.int64)[:, None] * IS
     sw = tl.load(sdw_ptr + s_rows + cs[None, :], mask=rmask[:, None] & (cs < IS)[None, :], other=0.0)
     pdl_sync(PDL)
-    routed = tl.zeros([BLOCK_N], tl.float32)
-    for j in tl.static_range(TOP_K):
-        expert = tl.load(route_ptr + j).to(tl.int64)
-        weight = tl.load(route_ptr + BLOCK_TK + j).to(dt).to(tl.float32)
-        e_rows = expert * H * I + rows.to(tl.int64)[:, None] * I
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for i0 in range(0, I, BLOCK_I):
-            m = i0 + cs < I
-            w = tl.load(dw_ptr + e_rows + i0 + cs[None, :], mask=rmask[:, None] & m[None, :], other=0.0)
-            a = tl.load(act_ptr + j * IMAX + i0 + cs, mask=m, other=0.0).to(tl.float32)
-            acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-        routed += (acc.to(dt).to(tl.float32) * weight).to(dt).to(tl.float32)
+    # all experts' ids, then one [BLOCK_TK, BLOCK_N, BLOCK_I] gather per column step
+    js = tl.arange(0, BLOCK_TK)
+    jmask = js < TOP_K
+    experts = tl.load(route_ptr + js, mask=jmask, other=0.0).to(tl.int64)
+    weights = tl.load(route_ptr + BLOCK_TK + js, mask=jmask, other=0.0).to(dt).to(tl.float32)
+    e_rows = (experts * H)[:, None, None] * I + rows.to(tl.int64)[None, :, None] * I
+    rjmask = jmask[:, None, None] & rmask[None, :, None]
+    acc = tl.zeros([BLOCK_TK, BLOCK_N], tl.float32)
+    for i0 in range(0, I, BLOCK_I):
+        m = i0 + cs < I
+        w = tl.load(dw_ptr + e_rows + i0 + cs[None, None, :], mask=rjmask & m[None, None, :], other=0.0)
+        a = tl.load(act_ptr + js[:, None] * IMAX + i0 + cs[None, :], mask=jmask[:, None] & m[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * a[:, None, :], axis=2)
+    routed = tl.sum((acc.to(dt).to(tl.float32) * weights[:, None]).to(dt).to(tl.float32), axis=0)
     a = tl.load(act_ptr + TOP_K * IMAX + cs, mask=cs < IS, other=0.0).to(tl.float32)
-    acc = tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
+    acc_s = tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
     for i0 in range(BLOCK_I, IS, BLOCK_I):
         m = i0 + cs < IS
         sw = tl.load(sdw_ptr + s_rows + i0 + cs[None, :], mask=rmask[:, None] & m[None, :], other=0.0)
         a = tl.load(act_ptr + TOP_K * IMAX + i0 + cs, mask=m, other=0.0).to(tl.float32)
-        acc += tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
+        acc_s += tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
     gate = tl.load(route_ptr + 2 * BLOCK_TK).to(dt).to(tl.float32)
-    shared = (acc.to(dt).to(tl.float32) * gate).to(dt).to(tl.float32)
+    shared = (acc_s.to(dt).to(tl.float32) * gate).to(dt).to(tl.float32)
     total = (routed.to(dt).to(tl.float32) + shared).to(dt).to(tl.float32)
     res = tl.load(out_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, (res + total).to(dt), mask=rmask)
@@ -156,14 +166,15 @@ def supported(moe) -> bool:
 
 def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_centered: bool = True,
              pdl: int = 0, gate_up_config: tuple[int, int, int] | None = None,
-             down_config: tuple[int, int, int] | None = None, configs=None) -> torch.Tensor:
+             down_config: tuple[int, int, int] | None = None, configs=None,
+             route_warps: int | None = None) -> torch.Tensor:
     """``x += moe(rms_norm(x))`` in place for one token: ``x`` [1, H] contiguous (the residual
     stream), ``norm_weight`` [H] the block's input norm (``zero_centered``: the Qwen3.5 form),
     ``moe`` a :class:`~redlite.layers.moe.SparseMoE` in x's dtype. Four launches (router
     product, routing, gate/up, down) with no host read. Returns ``x``. ``pdl``: programmatic dependent
     launch (see :mod:`redlite.layers.triton_gemv`); configs as ``GATE_UP_CONFIG`` /
-    ``DOWN_CONFIG`` (the defaults); ``configs``: the router product's GEMV table
-    (:func:`redlite.layers.triton_gemv.gemv_config`).
+    ``DOWN_CONFIG`` (the defaults), ``route_warps`` as ``ROUTE_WARPS``; ``configs``: the
+    router product's GEMV table (:func:`redlite.layers.triton_gemv.gemv_config`).
     """
     h = x.shape[-1]
     e, k, inter, s_inter = moe.num_experts, moe.top_k, moe.inter, moe.shared.inter
@@ -175,7 +186,8 @@ def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_c
     act = torch.empty(k + 1, i_max, device=x.device, dtype=x.dtype)
     extra = {"launch_pdl": True} if pdl else {}
     _route_kernel[(1,)](logits, route, e, TOP_K=k, NORM_TOPK=bool(moe.norm_topk_prob),
-                        BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl), **extra)
+                        BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl),
+                        num_warps=route_warps or ROUTE_WARPS, **extra)
     bn, bk, warps = gate_up_config or GATE_UP_CONFIG
     nb_s, nb_r = triton.cdiv(s_inter, bn), triton.cdiv(inter, bn)
     _gate_up_kernel[(nb_s + k * nb_r,)](
