@@ -2,7 +2,8 @@
 GPU: the Qwen3.5-35B-A3B block (256 experts, 8 per token, widths 512, hidden 2048) timed as a
 graph of one step per layer over distinct layers (so no weight comes from L2), for each pair
 of settings of the down kernel (gate/up at its default), then of the gate/up kernel (down at
-its best), then of the routing kernel's warps, against the bytes the step reads (router,
+its best), then of the routing kernel's warps, then of the router product's GEMV (None: its table's),
+against the bytes the step reads (router,
 shared expert, the 8 chosen experts); then the best with PDL and the kernel split (µs and
 GB/s per kernel). One process, about a minute.
 
@@ -29,14 +30,15 @@ GATE_UP = [(4, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (2, 2048, 4),
 DOWN = [(4, 512, 4), (4, 512, 8), (2, 512, 4), (1, 512, 4), (8, 512, 8), (4, 256, 4), (8, 256, 8),
         (2, 256, 2)]  # (block_n, block_i, num_warps)
 ROUTE_WARPS = [1, 2, 4]
+ROUTER = [None, (1, 2048, 4, 1, 0), (2, 2048, 4, 1, 0), (1, 2048, 8, 1, 0), (2, 1024, 4, 1, 0)]  # gemv settings
 
 
 def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> list[dict]:
     """Time the MoE step over ``layers`` ([(SparseMoE, x [1, H], norm weight [H])], distinct
-    layers) as one graph, with the torch reference and each pair of settings (plain launches),
-    then the best pair with PDL. Returns rows; ``apply``: make the best settings the defaults
+    layers) as one graph, with the torch reference and each setting of one kernel at a time,
+    the others at their best so far (plain launches), then the best with PDL. Returns rows; ``apply``: make the best settings the defaults
     of :mod:`redlite.layers.triton_moe` (before any graph is captured)."""
-    from redlite.layers import triton_moe
+    from redlite.layers import triton_gemv, triton_moe
     from redlite.layers.decode_ops import TorchDecodeOps
 
     moe = layers[0][0]
@@ -65,12 +67,22 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
     def best_row():
         return min((r for r in rows if "gate_up" in r), key=lambda r: r["us_per_layer"])
 
-    def try_measure(gu, down, warps):
+    router_key = (triton_gemv.PLAIN, e + 1, h)
+    table_router = triton_gemv.GEMV_CONFIGS.get(router_key)
+
+    def set_router(config):
+        if config or table_router:
+            triton_gemv.GEMV_CONFIGS[router_key] = config or table_router
+        else:
+            triton_gemv.GEMV_CONFIGS.pop(router_key, None)
+
+    def try_measure(gu, down, warps, router=None):
+        set_router(router)
         try:
-            measure(f"gate/up {gu} down {down} route {warps} pdl 0", triton_step(gu, down, 0, warps), gate_up=gu,
-                    down=down, route_warps=warps, pdl=0)
+            measure(f"gate/up {gu} down {down} route {warps} router {router} pdl 0", triton_step(gu, down, 0, warps),
+                    gate_up=gu, down=down, route_warps=warps, router=router, pdl=0)
         except Exception as error:  # noqa: BLE001 - a setting that does not compile
-            say(f"gate/up {gu} down {down} route {warps}: {type(error).__name__}: {error}")
+            say(f"gate/up {gu} down {down} route {warps} router {router}: {type(error).__name__}: {error}")
 
     with torch.inference_mode():
         ref = TorchDecodeOps()
@@ -83,18 +95,23 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         for warps in ROUTE_WARPS:
             if warps != triton_moe.ROUTE_WARPS:
                 try_measure(best_row()["gate_up"], best_row()["down"], warps)
+        for router in ROUTER[1:]:
+            try_measure(best_row()["gate_up"], best_row()["down"], best_row()["route_warps"], router)
         best = best_row()
-        gu, down, warps = best["gate_up"], best["down"], best["route_warps"]
-        measure(f"gate/up {gu} down {down} route {warps} pdl 1", triton_step(gu, down, 1, warps),
-                gate_up=gu, down=down, route_warps=warps, pdl=1)
+        gu, down, warps, router = best["gate_up"], best["down"], best["route_warps"], best["router"]
+        set_router(router)
+        measure(f"gate/up {gu} down {down} route {warps} router {router} pdl 1", triton_step(gu, down, 1, warps),
+                gate_up=gu, down=down, route_warps=warps, router=router, pdl=1)
         try:
             rows.append(kernel_split(layers, triton_step(gu, down, 0, warps), say))
         except Exception as error:  # noqa: BLE001 - a profiler that does not run here
             say(f"moe step kernel split: {type(error).__name__}: {error}")
+    set_router(best["router"] if apply else None)
     if apply:
         triton_moe.GATE_UP_CONFIG, triton_moe.DOWN_CONFIG = tuple(best["gate_up"]), tuple(best["down"])
         triton_moe.ROUTE_WARPS = best["route_warps"]
-        say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}, route warps {best['route_warps']}")
+        say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}, route warps {best['route_warps']}, "
+            f"router gemv {best['router'] or 'from its table'}")
     return rows
 
 
