@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu  # noqa: E402
 from hybrid_report import SHAPES  # noqa: E402
 
-GATE_UP = [(4, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (2, 2048, 4),
-           (4, 2048, 8)]  # (block_n, block_k, num_warps)
+GATE_UP = [(4, 2048, 4, 0), (4, 512, 4, 0), (8, 512, 4, 0), (2, 2048, 4, 0), (4, 2048, 8, 0), (4, 2048, 4, 2),
+           (4, 2048, 8, 1), (2, 2048, 4, 4), (2, 2048, 4, 3), (4, 2048, 4, 3)]  # (block_n, block_k, warps, per SM)
 DOWN = [(4, 512, 4), (4, 512, 8), (2, 512, 4), (1, 512, 4), (8, 512, 8), (4, 256, 4), (8, 256, 8),
         (2, 256, 2)]  # (block_n, block_i, num_warps)
 ROUTE_WARPS = [1, 2, 4]
@@ -36,7 +36,8 @@ ROUTER = [None, (1, 2048, 4, 1, 0), (2, 2048, 4, 1, 0), (1, 2048, 8, 1, 0), (2, 
 def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> list[dict]:
     """Time the MoE step over ``layers`` ([(SparseMoE, x [1, H], norm weight [H])], distinct
     layers) as one graph, with the torch reference and each setting of one kernel at a time,
-    the others at their best so far (plain launches), then the best with PDL. Returns rows; ``apply``: make the best settings the defaults
+    the others at their best so far (plain launches), then the best with PDL. Returns rows;
+    ``apply``: make the best settings the defaults
     of :mod:`redlite.layers.triton_moe` (before any graph is captured)."""
     from redlite.layers import triton_gemv, triton_moe
     from redlite.layers.decode_ops import TorchDecodeOps
