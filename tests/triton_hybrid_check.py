@@ -73,10 +73,10 @@ def check_gated_attention(device, dtype, tol, gen):
 def check_gdn_step(device, dtype, tol, gen):
     """Three consecutive tokens through the fused step and through the torch reference, for
     whole value heads per program and for several column blocks per head (the last program of
-    a key head then norms its heads), one and two value heads per key head."""
-    for hk, hv, dk, dv, block_v in ((2, 4, 16, 32, 32), (2, 4, 16, 32, 16), (2, 2, 32, 16, 16),
-                                    (2, 2, 32, 64, 16)):
-        mixer = GatedDeltaNet(64, hk, hv, dk, dv, conv_kernel_size=4, device=device, dtype=dtype)
+    a key head then norms its heads), one and two value heads per key head, conv widths 2-4."""
+    for hk, hv, dk, dv, block_v, width in ((2, 4, 16, 32, 32, 4), (2, 4, 16, 32, 16, 4), (2, 2, 32, 16, 16, 3),
+                                           (2, 2, 32, 64, 16, 2)):
+        mixer = GatedDeltaNet(64, hk, hv, dk, dv, conv_kernel_size=width, device=device, dtype=dtype)
         with torch.no_grad():
             for name, p in mixer.named_parameters():
                 if name == "A_log":
@@ -92,7 +92,7 @@ def check_gdn_step(device, dtype, tol, gen):
             got = triton_gdn.gdn_step(proj, got_conv, got_rec, mixer, num_warps=4, block_v=block_v,
                                       counters=counters)
             want = REF.gdn_step(proj, want_conv, want_rec, mixer)
-            name = f"gdn step {hk}/{hv}/{dk}/{dv} block_v {block_v} token {step}"
+            name = f"gdn step {hk}/{hv}/{dk}/{dv} block_v {block_v} conv {width} token {step}"
             close(name, got, want, tol)
             close(name + " conv state", got_conv, want_conv, tol)
             close(name + " recurrent state", got_rec, want_rec, max(tol, 1e-5))

@@ -36,36 +36,57 @@ from redlite.layers.triton_gemv import pdl_sync
 
 
 @triton.jit
-def _conv_load(cs_ptr, cw_ptr, ch, KW: tl.constexpr, KP: tl.constexpr):
-    """The conv history of channels ``ch`` ([len(ch), KP], taps < KW - 1), the same shifted
-    one tap left (taps < KW - 2) and their conv weights (taps < KW)."""
-    t = tl.arange(0, KP)
-    rows = ch[:, None] * (KW - 1) + t[None, :]
-    old = tl.load(cs_ptr + rows, mask=(t < KW - 1)[None, :], other=0.0)
-    nxt = tl.load(cs_ptr + rows + 1, mask=(t < KW - 2)[None, :], other=0.0)
-    w = tl.load(cw_ptr + ch[:, None] * KW + t[None, :], mask=(t < KW)[None, :], other=0.0)
-    return old, nxt, w
+def _tap(ptr, ch, stride: tl.constexpr, t: tl.constexpr, n: tl.constexpr):
+    """Column ``t`` of rows ``ch`` of a [C, stride] table when ``t < n``, else zeros."""
+    if t < n:
+        return tl.load(ptr + ch * stride + t)
+    else:
+        return tl.zeros(ch.shape, ptr.dtype.element_ty)
 
 
 @triton.jit
-def _conv_silu(x_new, old, nxt, w, KW: tl.constexpr, KP: tl.constexpr, dt: tl.constexpr):
-    """Conv outputs (SiLU applied, float32 of the model-dtype value) of new inputs ``x_new``
-    over the history from :func:`_conv_load`, and the conv state to store back."""
-    t = tl.arange(0, KP)
-    hist = t < KW - 1
-    window = tl.where(hist[None, :], old, x_new[:, None])  # taps 0 .. KW-1, newest last
-    prod = (window.to(tl.float32) * w.to(tl.float32)).to(dt).to(tl.float32)
-    prod = tl.where((t < KW)[None, :], prod, 0.0)
-    y = tl.sum(prod, axis=1).to(dt).to(tl.float32)
-    act = (y / (1.0 + tl.exp(-y))).to(dt).to(tl.float32)
-    shifted = tl.where((t < KW - 2)[None, :], nxt, x_new[:, None])
-    return act, shifted
+def _conv_load(cs_ptr, cw_ptr, ch, KW: tl.constexpr):
+    """The conv history (taps 0..2, oldest first) and weights (taps 0..3) of channels ``ch``
+    as vectors (KW <= 4; taps past the conv read nothing)."""
+    return (_tap(cs_ptr, ch, KW - 1, 0, KW - 1), _tap(cs_ptr, ch, KW - 1, 1, KW - 1),
+            _tap(cs_ptr, ch, KW - 1, 2, KW - 1), _tap(cw_ptr, ch, KW, 0, KW), _tap(cw_ptr, ch, KW, 1, KW),
+            _tap(cw_ptr, ch, KW, 2, KW), _tap(cw_ptr, ch, KW, 3, KW))
 
 
 @triton.jit
-def _store_state(cs_ptr, ch, shifted, KW: tl.constexpr, KP: tl.constexpr):
-    t = tl.arange(0, KP)
-    tl.store(cs_ptr + ch[:, None] * (KW - 1) + t[None, :], shifted, mask=(t < KW - 1)[None, :])
+def _mul(a, w, dt: tl.constexpr):
+    return (a.to(tl.float32) * w.to(tl.float32)).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _conv_silu(x, hist, KW: tl.constexpr, dt: tl.constexpr):
+    """Conv output (SiLU applied, float32 of the model-dtype value) of new inputs ``x`` over
+    ``hist`` from :func:`_conv_load` (the products and their sum rounded to ``dt``)."""
+    h0, h1, h2, w0, w1, w2, w3 = hist
+    if KW == 2:
+        y = _mul(h0, w0, dt) + _mul(x, w1, dt)
+    elif KW == 3:
+        y = _mul(h0, w0, dt) + _mul(h1, w1, dt) + _mul(x, w2, dt)
+    else:
+        y = _mul(h0, w0, dt) + _mul(h1, w1, dt) + _mul(h2, w2, dt) + _mul(x, w3, dt)
+    y = y.to(dt).to(tl.float32)
+    return (y / (1.0 + tl.exp(-y))).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _store_state(cs_ptr, ch, x, hist, KW: tl.constexpr):
+    """The conv state of channels ``ch`` shifted one tap left, the new input ``x`` last."""
+    h0, h1, h2, w0, w1, w2, w3 = hist
+    base = cs_ptr + ch * (KW - 1)
+    if KW == 2:
+        tl.store(base, x)
+    elif KW == 3:
+        tl.store(base, h1)
+        tl.store(base + 1, x)
+    else:
+        tl.store(base, h1)
+        tl.store(base + 1, h2)
+        tl.store(base + 2, x)
 
 
 @triton.jit
@@ -81,7 +102,7 @@ def _gated_norm(o, h, proj_ptr, nw_ptr, out_ptr, eps, CONV_DIM: tl.constexpr, DV
 @triton.jit
 def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_ptr, out_ptr, o_ptr, count_ptr,
                      eps, q_scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                     BLOCK_V: tl.constexpr, KW: tl.constexpr, KP: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_V: tl.constexpr, KW: tl.constexpr, PDL: tl.constexpr):
     h = tl.program_id(0)
     G: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BLOCK_V
@@ -97,15 +118,18 @@ def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_
     # states and weights: nothing the previous kernel writes (see the module docstring)
     s_ptrs = state_ptr + h * DK * DV + kk[:, None] * DV + vv[None, :]
     s = tl.load(s_ptrs)
-    q_old, q_nxt, q_w = _conv_load(cs_ptr, cw_ptr, q_ch, KW, KP)
-    k_old, k_nxt, k_w = _conv_load(cs_ptr, cw_ptr, k_ch, KW, KP)
-    v_old, v_nxt, v_w = _conv_load(cs_ptr, cw_ptr, v_ch, KW, KP)
+    q_hist = _conv_load(cs_ptr, cw_ptr, q_ch, KW)
+    k_hist = _conv_load(cs_ptr, cw_ptr, k_ch, KW)
+    v_hist = _conv_load(cs_ptr, cw_ptr, v_ch, KW)
     decay_rate = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
     dt_bias = tl.load(dtb_ptr + h).to(tl.float32)
     pdl_sync(PDL)
-    q, q_next = _conv_silu(tl.load(proj_ptr + q_ch), q_old, q_nxt, q_w, KW, KP, dt)
-    k, k_next = _conv_silu(tl.load(proj_ptr + k_ch), k_old, k_nxt, k_w, KW, KP, dt)
-    v, v_next = _conv_silu(tl.load(proj_ptr + v_ch), v_old, v_nxt, v_w, KW, KP, dt)
+    q_x = tl.load(proj_ptr + q_ch)
+    k_x = tl.load(proj_ptr + k_ch)
+    v_x = tl.load(proj_ptr + v_ch)
+    q = _conv_silu(q_x, q_hist, KW, dt)
+    k = _conv_silu(k_x, k_hist, KW, dt)
+    v = _conv_silu(v_x, v_hist, KW, dt)
     q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * q_scale
     k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
     b = tl.load(proj_ptr + CONV_DIM + HV * DV + h).to(tl.float32)
@@ -122,15 +146,15 @@ def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_
     else:
         tl.store(o_ptr + h * DV + vv, o)
     tl.debug_barrier()  # every old conv value is read before any is overwritten
-    _store_state(cs_ptr, v_ch, v_next, KW, KP)  # this program's own channels
+    _store_state(cs_ptr, v_ch, v_x, v_hist, KW)  # this program's own channels
     if G * NVB == 1:
-        _store_state(cs_ptr, q_ch, q_next, KW, KP)
-        _store_state(cs_ptr, k_ch, k_next, KW, KP)
+        _store_state(cs_ptr, q_ch, q_x, q_hist, KW)
+        _store_state(cs_ptr, k_ch, k_x, k_hist, KW)
     else:  # the key head's last program to finish: the old q/k window is read by all
         done = tl.atomic_add(count_ptr + kh, 1, sem="acq_rel")
         if done == G * NVB - 1:
-            _store_state(cs_ptr, q_ch, q_next, KW, KP)
-            _store_state(cs_ptr, k_ch, k_next, KW, KP)
+            _store_state(cs_ptr, q_ch, q_x, q_hist, KW)
+            _store_state(cs_ptr, k_ch, k_x, k_hist, KW)
             if NVB > 1:
                 for j in tl.static_range(G):
                     hh = kh * G + j
@@ -149,10 +173,10 @@ MAX_KEY_HEADS = 1024
 def supported(num_key_heads: int, num_value_heads: int, key_head_dim: int, value_head_dim: int,
               conv_kernel_size: int) -> bool:
     """True when :func:`gdn_step` takes these shapes: power-of-two head dims >= 16, a conv of
-    width >= 2, value heads a multiple of key heads, at most ``MAX_KEY_HEADS`` key heads."""
+    width 2 to 4, value heads a multiple of key heads, at most ``MAX_KEY_HEADS`` key heads."""
     def pow2(n):
         return n >= 16 and n & (n - 1) == 0
-    return (pow2(key_head_dim) and pow2(value_head_dim) and conv_kernel_size >= 2
+    return (pow2(key_head_dim) and pow2(value_head_dim) and 2 <= conv_kernel_size <= 4
             and num_value_heads % num_key_heads == 0 and num_key_heads <= MAX_KEY_HEADS)
 
 
@@ -182,7 +206,6 @@ def gdn_step(proj: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torc
     _gdn_step_kernel[(m.num_value_heads, dv // block_v)](
         proj, conv_state, m.conv_weight, m.A_log, m.dt_bias, recurrent_state, m.norm_weight, out, o_full,
         counters, float(m.eps), m.key_head_dim ** -0.5, HK=m.num_key_heads, HV=m.num_value_heads,
-        DK=m.key_head_dim, DV=dv, BLOCK_V=block_v, KW=m.conv_kernel_size,
-        KP=triton.next_power_of_2(m.conv_kernel_size), PDL=int(pdl), num_warps=num_warps or GDN_WARPS,
+        DK=m.key_head_dim, DV=dv, BLOCK_V=block_v, KW=m.conv_kernel_size, PDL=int(pdl), num_warps=num_warps or GDN_WARPS,
         **extra)
     return out
