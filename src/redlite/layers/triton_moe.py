@@ -170,9 +170,9 @@ def _down_kernel(act_ptr, route_ptr, dw_ptr, sdw_ptr, out_ptr, H, I, IS, IMAX, T
     for i0 in range(0, I, BLOCK_I):
         m = i0 + cs < I
         w = tl.load(dw_ptr + e_rows + i0 + cs[None, None, :], mask=rjmask & m[None, None, :], other=0.0)
-        a = tl.load(act_ptr + js[:, None] * IMAX + i0 + cs[None, :], mask=jmask[:, None] & m[None, :],
-                    other=0.0).to(tl.float32)
-        acc += tl.sum(w.to(tl.float32) * a[:, None, :], axis=2)
+        a = tl.load(act_ptr + js[:, None, None] * IMAX + i0 + cs[None, None, :],
+                    mask=jmask[:, None, None] & m[None, None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * a, axis=2)
     routed = tl.sum((acc.to(dt).to(tl.float32) * weights[:, None]).to(dt).to(tl.float32), axis=0)
     a = tl.load(act_ptr + TOP_K * IMAX + cs, mask=cs < IS, other=0.0).to(tl.float32)
     acc_s = tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
