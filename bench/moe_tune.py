@@ -1,8 +1,11 @@
 """Launch settings of the fused mixture-of-experts decode step (redlite.layers.triton_moe) on a
 GPU: the Qwen3.5-35B-A3B block (256 experts, 8 per token, widths 512, hidden 2048) timed as a
 graph of one step per layer over distinct layers (so no weight comes from L2), for each pair
-of settings of the gate/up and the down kernel, against the bytes the
-step reads (router, shared expert, the 8 chosen experts). One process, about a minute.
+of settings of the down kernel (gate/up at its default), then of the gate/up kernel (down at
+its best), then of the routing kernel's warps, then of the router product's GEMV (None: its table's),
+against the bytes the step reads (router,
+shared expert, the 8 chosen experts); then the best with PDL and the kernel split (µs and
+GB/s per kernel). One process, about a minute.
 
 Usage: ``PYTHONPATH=src python3 bench/moe_tune.py [--out FILE.json]``; bench/hybrid.py runs
 :func:`sweep` on the 35b-a3b model's own layers before it captures the decode graph.
@@ -22,16 +25,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu  # noqa: E402
 from hybrid_report import SHAPES  # noqa: E402
 
-GATE_UP = [(4, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8)]  # (block_n, block_k, num_warps)
-DOWN = [(4, 512, 4), (8, 256, 4)]  # (block_n, block_i, num_warps)
+GATE_UP = [(4, 2048, 4, 0), (4, 512, 4, 0), (8, 512, 4, 0), (2, 2048, 4, 0), (4, 2048, 8, 0), (4, 2048, 4, 2),
+           (4, 2048, 8, 1), (2, 2048, 4, 4), (2, 2048, 4, 3), (4, 2048, 4, 3)]  # (block_n, block_k, warps, per SM)
+DOWN = [(4, 512, 4), (4, 512, 8), (2, 512, 4), (1, 512, 4), (8, 512, 8), (4, 256, 4), (8, 256, 8),
+        (2, 256, 2)]  # (block_n, block_i, num_warps)
+ROUTE_WARPS = [1, 2, 4]
+ROUTER = [None, (1, 2048, 4, 1, 0), (2, 2048, 4, 1, 0), (1, 2048, 8, 1, 0), (2, 1024, 4, 1, 0)]  # gemv settings
 
 
 def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> list[dict]:
     """Time the MoE step over ``layers`` ([(SparseMoE, x [1, H], norm weight [H])], distinct
-    layers) as one graph, with the torch reference and each pair of settings (plain launches),
-    then the best pair with PDL. Returns rows; ``apply``: make the best settings the defaults
+    layers) as one graph, with the torch reference and each setting of one kernel at a time,
+    the others at their best so far (plain launches), then the best with PDL. Returns rows;
+    ``apply``: make the best settings the defaults
     of :mod:`redlite.layers.triton_moe` (before any graph is captured)."""
-    from redlite.layers import triton_moe
+    from redlite.layers import triton_gemv, triton_moe
     from redlite.layers.decode_ops import TorchDecodeOps
 
     moe = layers[0][0]
@@ -53,33 +61,73 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         say(f"moe step {label:>34}: {us:7.2f} us/layer  {row['GBps']:6.0f} GB/s  "
             f"{row['pct_of_copy_bw'] or float('nan'):5.1f}% of copy bandwidth")
 
-    def triton_step(gu, down, pdl):
-        return lambda m, x, nw: triton_moe.moe_step(x, nw, 1e-6, m, pdl=pdl, gate_up_config=gu, down_config=down)
+    def triton_step(gu, down, pdl, warps=None):
+        return lambda m, x, nw: triton_moe.moe_step(x, nw, 1e-6, m, pdl=pdl, gate_up_config=gu, down_config=down,
+                                                    route_warps=warps)
+
+    def best_row():
+        return min((r for r in rows if "gate_up" in r), key=lambda r: r["us_per_layer"])
+
+    router_key = (triton_gemv.PLAIN, e + 1, h)
+    table_router = triton_gemv.GEMV_CONFIGS.get(router_key)
+
+    def set_router(config):
+        if config or table_router:
+            triton_gemv.GEMV_CONFIGS[router_key] = config or table_router
+        else:
+            triton_gemv.GEMV_CONFIGS.pop(router_key, None)
+
+    def try_measure(gu, down, warps, router=None):
+        set_router(router)
+        try:
+            measure(f"gate/up {gu} down {down} route {warps} router {router} pdl 0", triton_step(gu, down, 0, warps),
+                    gate_up=gu, down=down, route_warps=warps, router=router, pdl=0)
+        except Exception as error:  # noqa: BLE001 - a setting that does not compile
+            say(f"gate/up {gu} down {down} route {warps} router {router}: {type(error).__name__}: {error}")
 
     with torch.inference_mode():
         ref = TorchDecodeOps()
         measure("torch gathered (reference)", lambda m, x, nw: ref.moe(x, nw, 1e-6, m))
-        for gu, down in itertools.product(GATE_UP, DOWN):
-            try:
-                measure(f"gate/up {gu} down {down} pdl 0", triton_step(gu, down, 0), gate_up=gu, down=down, pdl=0)
-            except Exception as error:  # noqa: BLE001 - a setting that does not compile
-                say(f"gate/up {gu} down {down}: {type(error).__name__}: {error}")
-        best = min((r for r in rows if "gate_up" in r), key=lambda r: r["us_per_layer"])
-        measure(f"gate/up {best['gate_up']} down {best['down']} pdl 1", triton_step(best["gate_up"], best["down"], 1),
-                gate_up=best["gate_up"], down=best["down"], pdl=1)
+        for down in DOWN:
+            try_measure(triton_moe.GATE_UP_CONFIG, down, triton_moe.ROUTE_WARPS)
+        for gu in GATE_UP:
+            if gu != triton_moe.GATE_UP_CONFIG:
+                try_measure(gu, best_row()["down"], triton_moe.ROUTE_WARPS)
+        for warps in ROUTE_WARPS:
+            if warps != triton_moe.ROUTE_WARPS:
+                try_measure(best_row()["gate_up"], best_row()["down"], warps)
+        for router in ROUTER[1:]:
+            try_measure(best_row()["gate_up"], best_row()["down"], best_row()["route_warps"], router)
+        best = best_row()
+        gu, down, warps, router = best["gate_up"], best["down"], best["route_warps"], best["router"]
+        set_router(router)
+        measure(f"gate/up {gu} down {down} route {warps} router {router} pdl 1", triton_step(gu, down, 1, warps),
+                gate_up=gu, down=down, route_warps=warps, router=router, pdl=1)
         try:
-            rows.append(kernel_split(layers, triton_step(best["gate_up"], best["down"], 0), say))
+            rows.append(kernel_split(layers, triton_step(gu, down, 0, warps), say))
         except Exception as error:  # noqa: BLE001 - a profiler that does not run here
             say(f"moe step kernel split: {type(error).__name__}: {error}")
+    set_router(best["router"] if apply else None)
     if apply:
         triton_moe.GATE_UP_CONFIG, triton_moe.DOWN_CONFIG = tuple(best["gate_up"]), tuple(best["down"])
-        say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}")
+        triton_moe.ROUTE_WARPS = best["route_warps"]
+        say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}, route warps {best['route_warps']}, "
+            f"router gemv {best['router'] or 'from its table'}")
     return rows
+
+
+def kernel_bytes(moe) -> dict[str, int]:
+    """Bytes each kernel of the step reads from weights (by kernel-name prefix)."""
+    h, e, k = moe.gates_weight.shape[1], moe.num_experts, moe.top_k
+    size = moe.gates_weight.element_size()
+    return {"_gemv_kernel": size * h * (e + 1), "_gate_up_kernel": size * 2 * h * (k * moe.inter + moe.shared.inter),
+            "_down_kernel": size * h * (k * moe.inter + moe.shared.inter)}
 
 
 def kernel_split(layers, step, say=print, reps: int = 5) -> dict:
     """Microseconds per layer of each kernel of ``step`` (CUDA kernel durations from
-    torch.profiler, launch gaps excluded) over ``reps`` passes of ``layers``."""
+    torch.profiler, launch gaps excluded) over ``reps`` passes of ``layers``, and the GB/s of
+    the weight-reading ones."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -91,8 +139,11 @@ def kernel_split(layers, step, say=print, reps: int = 5) -> dict:
     for event in prof.key_averages():
         if event.device_type.name == "CUDA" and event.count:
             per[event.key] = event.device_time_total / (reps * len(layers))
-    say("moe step kernels (us per layer): " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in sorted(per.items())))
-    return {"variant": "kernel split of the best (us per layer)", "kernels_us": per}
+    read = kernel_bytes(layers[0][0])
+    gbps = {key: b / per[name] / 1e3 for key, b in read.items() for name in per if name.startswith(key)}
+    say("moe step kernels (us per layer): " + ", ".join(
+        f"{k[:40]} {v:.2f}" + (f" ({gbps[k]:.0f} GB/s)" if k in gbps else "") for k, v in sorted(per.items())))
+    return {"variant": "kernel split of the best (us per layer)", "kernels_us": per, "kernels_GBps": gbps}
 
 
 def main() -> None:

@@ -71,9 +71,12 @@ def check_gated_attention(device, dtype, tol, gen):
 
 
 def check_gdn_step(device, dtype, tol, gen):
-    """Three consecutive tokens through the fused step and through the torch reference."""
-    for hk, hv, dk, dv in ((2, 4, 16, 32), (2, 2, 32, 16)):
-        mixer = GatedDeltaNet(64, hk, hv, dk, dv, conv_kernel_size=4, device=device, dtype=dtype)
+    """Three consecutive tokens through the fused step and through the torch reference, for
+    whole value heads per program and for several column blocks per head (the last program of
+    a key head then norms its heads), one and two value heads per key head, conv widths 2-4."""
+    for hk, hv, dk, dv, block_v, width in ((2, 4, 16, 32, 32, 4), (2, 4, 16, 32, 16, 4), (2, 2, 32, 16, 16, 3),
+                                           (2, 2, 32, 64, 16, 2)):
+        mixer = GatedDeltaNet(64, hk, hv, dk, dv, conv_kernel_size=width, device=device, dtype=dtype)
         with torch.no_grad():
             for name, p in mixer.named_parameters():
                 if name == "A_log":
@@ -83,14 +86,17 @@ def check_gdn_step(device, dtype, tol, gen):
         conv = torch.randn(mixer.conv_state_shape(), generator=gen).to(device, dtype)
         rec = torch.randn(mixer.recurrent_state_shape(), generator=gen).to(device)
         got_conv, got_rec, want_conv, want_rec = conv.clone(), rec.clone(), conv.clone(), rec.clone()
+        counters = torch.zeros(hk, dtype=torch.int32, device=device)
         for step in range(3):
             proj = torch.randn(1, mixer.in_proj_weight.shape[0], generator=gen).to(device, dtype)
-            got = triton_gdn.gdn_step(proj, got_conv, got_rec, mixer, num_warps=4)
+            got = triton_gdn.gdn_step(proj, got_conv, got_rec, mixer, num_warps=4, block_v=block_v,
+                                      counters=counters)
             want = REF.gdn_step(proj, want_conv, want_rec, mixer)
-            name = f"gdn step {hk}/{hv}/{dk}/{dv} token {step}"
+            name = f"gdn step {hk}/{hv}/{dk}/{dv} block_v {block_v} conv {width} token {step}"
             close(name, got, want, tol)
             close(name + " conv state", got_conv, want_conv, tol)
             close(name + " recurrent state", got_rec, want_rec, max(tol, 1e-5))
+            assert not counters.any(), name + ": key-head counters not reset"
 
 
 def main() -> None:

@@ -21,7 +21,8 @@ from redlite.layers import triton_moe  # noqa: E402
 from redlite.layers.moe import SparseMoE  # noqa: E402
 
 # (hidden, experts, top_k, inter, shared inter, norm_topk_prob)
-CASES = ((64, 8, 3, 24, 40, True), (128, 16, 4, 32, 32, False), (96, 6, 1, 48, 16, True))
+CASES = ((64, 8, 3, 24, 40, True), (128, 16, 4, 32, 32, False), (96, 6, 1, 48, 16, True),
+         (37, 12, 8, 20, 24, True))  # odd hidden: row blocks past H; top-8 fills the id block
 
 
 def make_moe(device, dtype, gen, hidden, experts, top_k, inter, shared, norm_topk):
@@ -41,10 +42,12 @@ def check_moe_step(device, dtype, tol, gen):
         for step in range(3):
             x = torch.randn(1, hidden, generator=gen).to(device, dtype)
             want = REF.moe(x.clone(), nw, 1e-6, moe)
-            # the second pair steps through the columns (block_k / block_i below the row lengths)
-            for gate_up, down in (((4, 4096, 4), (4, 512, 4)), ((2, 32, 8), (8, 16, 2))):
+            # the second steps through the columns (block_k / block_i below the row lengths) and
+            # its gate/up programs stride over the row blocks (one program per multiprocessor)
+            for gate_up, down, route_warps in (((4, 4096, 4, 0), (4, 512, 4), 1), ((2, 32, 8, 1), (8, 16, 2), 4)):
                 got = x.clone()
-                out = triton_moe.moe_step(got, nw, 1e-6, moe, gate_up_config=gate_up, down_config=down)
+                out = triton_moe.moe_step(got, nw, 1e-6, moe, gate_up_config=gate_up, down_config=down,
+                                          route_warps=route_warps)
                 assert out.data_ptr() == got.data_ptr(), "moe_step must update x in place"
                 close(f"moe step {case} token {step} configs {gate_up}/{down}", got, want, tol)
 

@@ -211,12 +211,14 @@ class TritonDecodeOps(TorchDecodeOps):
                  pdl: int | None = None, pdl_attention: int | None = None, head_dim: int | None = None,
                  gemv_configs: str | None = None, batch_invariant: bool = False):
         super().__init__(F.linear)
-        from redlite.layers import triton_decode, triton_gemv
+        from redlite.layers import triton_decode, triton_gdn, triton_gemv
 
         self.kernels, self.gemv = triton_decode, triton_gemv
         self.n_splits = triton_decode.default_splits(torch.device(device), n_kv_heads, head_dim)
         # finished-slice counts of the attention kernel, one per KV head (it resets them)
         self.counters = torch.zeros(n_kv_heads, dtype=torch.int32, device=device)
+        # finished-program counts of the Gated DeltaNet step, one per key head (it resets them)
+        self.gdn_counters = torch.zeros(triton_gdn.MAX_KEY_HEADS, dtype=torch.int32, device=device)
         self._bases: dict = {}  # cache-address tables of the batched attention, by addresses
         self.fused_gemv = bool(fused_gemv)
         self.batch_invariant = bool(batch_invariant) and self.fused_gemv
@@ -297,7 +299,8 @@ class TritonDecodeOps(TorchDecodeOps):
         if not triton_gdn.supported(m.num_key_heads, m.num_value_heads, m.key_head_dim, m.value_head_dim,
                                     m.conv_kernel_size):
             return super().gdn_step(proj, conv_state, recurrent_state, mixer)
-        return triton_gdn.gdn_step(proj, conv_state, recurrent_state, mixer, pdl=self.pdl)
+        return triton_gdn.gdn_step(proj, conv_state, recurrent_state, mixer, pdl=self.pdl,
+                                   counters=self.gdn_counters)
 
 
 def triton_available() -> bool:

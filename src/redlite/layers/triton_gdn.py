@@ -3,21 +3,27 @@ where Triton is).
 
 Between the layer's input projection and its output projection
 (:meth:`redlite.layers.gated_deltanet.GatedDeltaNet.mix` is the torch reference), one launch
-does, per key head (one program each):
+of ``Hv x Dv / block_v`` programs, one per (value head, block of ``block_v`` value columns;
+the delta rule is independent per state column), each doing:
 
-* the causal conv1d of the head's q, k and v channels over the conv state plus the new
-  input, SiLU, and the conv-state update (shift left, the new input last);
+* the causal conv1d of its key head's q and k channels (every program of the key head
+  computes them) and of its own v channels over the conv state plus the new input, SiLU;
+  the v conv-state update (shift left, the new input last) of its own channels;
 * q/k L2 normalisation (q scaled by ``Dk ** -0.5``), ``beta = sigmoid(b)``,
   ``g = -exp(A_log) * softplus(a + dt_bias)``;
-* for each of the key head's value heads, the gated delta rule step on the float32 state
-  ``[Dk, Dv]`` (read once, written once): ``S = exp(g) S``, ``S += k (beta (v - S^T k))^T``,
-  ``o = S^T q``;
-* the gated RMSNorm ``rmsnorm(o) * norm_weight * silu(z)``, written in the model dtype
-  (the input of the output projection, whose residual add is the gemv kernel's epilogue).
+* the gated delta rule step on its ``[Dk, block_v]`` columns of the float32 state (read
+  once, written once): ``S = exp(g) S``, ``S += k (beta (v - S^T k))^T``, ``o = S^T q``;
+* the gated RMSNorm ``rmsnorm(o) * norm_weight * silu(z)`` over the head's whole ``o``,
+  written in the model dtype (the input of the output projection): by the program itself
+  when ``block_v == Dv``, else the head's ``o`` goes through a float32 buffer.
 
-One program per key head owns that head's q/k conv channels, so the conv-state update needs
-no cross-program ordering. Rounding follows the torch reference step by step (the conv's
-products and sum, and the SiLU, in the model dtype; everything after it in float32).
+The last program of a key head to finish (counted in an int32 counter per key head, which it
+resets) writes the key head's q/k conv-state update, after every program of the key head has
+read the old window, and does the gated norms when ``block_v < Dv``. With ``pdl`` the states
+and weights are read before waiting for the previous kernel: only this layer's step writes
+its states, and the kernel before it never is that step. Rounding follows the torch
+reference step by step (the conv's products and sum, and the SiLU, in the model dtype;
+everything after it in float32).
 """
 
 from __future__ import annotations
@@ -30,103 +36,176 @@ from redlite.layers.triton_gemv import pdl_sync
 
 
 @triton.jit
-def _conv_silu(proj_ptr, cs_ptr, cw_ptr, ch, KW: tl.constexpr, KP: tl.constexpr, dt: tl.constexpr):
-    """Conv outputs (SiLU applied, float32 of the model-dtype value) of channels ``ch`` and
-    the shifted window to store back as their conv state ([len(ch), KP], taps < KW - 1)."""
-    t = tl.arange(0, KP)
-    hist = t < KW - 1
-    x_new = tl.load(proj_ptr + ch)
-    old = tl.load(cs_ptr + ch[:, None] * (KW - 1) + t[None, :], mask=hist[None, :], other=0.0)
-    window = tl.where(hist[None, :], old, x_new[:, None])  # taps 0 .. KW-1, newest last
-    w = tl.load(cw_ptr + ch[:, None] * KW + t[None, :], mask=(t < KW)[None, :], other=0.0)
-    prod = (window.to(tl.float32) * w.to(tl.float32)).to(dt).to(tl.float32)
-    prod = tl.where((t < KW)[None, :], prod, 0.0)
-    y = tl.sum(prod, axis=1).to(dt).to(tl.float32)
-    act = (y / (1.0 + tl.exp(-y))).to(dt).to(tl.float32)
-    nxt = tl.load(cs_ptr + ch[:, None] * (KW - 1) + t[None, :] + 1, mask=(t < KW - 2)[None, :], other=0.0)
-    shifted = tl.where((t < KW - 2)[None, :], nxt, x_new[:, None])
-    return act, shifted
+def _tap(ptr, ch, stride: tl.constexpr, t: tl.constexpr, n: tl.constexpr):
+    """Column ``t`` of rows ``ch`` of a [C, stride] table when ``t < n``, else zeros."""
+    if t < n:
+        return tl.load(ptr + ch * stride + t)
+    else:
+        return tl.zeros(ch.shape, ptr.dtype.element_ty)
 
 
 @triton.jit
-def _store_state(cs_ptr, ch, shifted, KW: tl.constexpr, KP: tl.constexpr):
-    t = tl.arange(0, KP)
-    tl.store(cs_ptr + ch[:, None] * (KW - 1) + t[None, :], shifted, mask=(t < KW - 1)[None, :])
+def _conv_load(cs_ptr, cw_ptr, ch, KW: tl.constexpr):
+    """The conv history (taps 0..2, oldest first) and weights (taps 0..3) of channels ``ch``
+    as vectors (KW <= 4; taps past the conv read nothing)."""
+    return (_tap(cs_ptr, ch, KW - 1, 0, KW - 1), _tap(cs_ptr, ch, KW - 1, 1, KW - 1),
+            _tap(cs_ptr, ch, KW - 1, 2, KW - 1), _tap(cw_ptr, ch, KW, 0, KW), _tap(cw_ptr, ch, KW, 1, KW),
+            _tap(cw_ptr, ch, KW, 2, KW), _tap(cw_ptr, ch, KW, 3, KW))
 
 
 @triton.jit
-def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_ptr, out_ptr, eps, q_scale,
-                     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                     KW: tl.constexpr, KP: tl.constexpr, PDL: tl.constexpr):
-    kh = tl.program_id(0)
-    pdl_sync(PDL)
-    dt = out_ptr.dtype.element_ty
-    KEY_DIM = HK * DK
-    CONV_DIM = 2 * HK * DK + HV * DV
-    kk = tl.arange(0, DK)
+def _mul(a, w, dt: tl.constexpr):
+    return (a.to(tl.float32) * w.to(tl.float32)).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _conv_silu(x, hist, KW: tl.constexpr, dt: tl.constexpr):
+    """Conv output (SiLU applied, float32 of the model-dtype value) of new inputs ``x`` over
+    ``hist`` from :func:`_conv_load` (the products and their sum rounded to ``dt``)."""
+    h0, h1, h2, w0, w1, w2, w3 = hist
+    if KW == 2:
+        y = _mul(h0, w0, dt) + _mul(x, w1, dt)
+    elif KW == 3:
+        y = _mul(h0, w0, dt) + _mul(h1, w1, dt) + _mul(x, w2, dt)
+    else:
+        y = _mul(h0, w0, dt) + _mul(h1, w1, dt) + _mul(h2, w2, dt) + _mul(x, w3, dt)
+    y = y.to(dt).to(tl.float32)
+    return (y / (1.0 + tl.exp(-y))).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _store_state(cs_ptr, ch, x, hist, KW: tl.constexpr):
+    """The conv state of channels ``ch`` shifted one tap left, the new input ``x`` last."""
+    h0, h1, h2, w0, w1, w2, w3 = hist
+    base = cs_ptr + ch * (KW - 1)
+    if KW == 2:
+        tl.store(base, x)
+    elif KW == 3:
+        tl.store(base, h1)
+        tl.store(base + 1, x)
+    else:
+        tl.store(base, h1)
+        tl.store(base + 1, h2)
+        tl.store(base + 2, x)
+
+
+@triton.jit
+def _gated_norm(o, h, proj_ptr, nw_ptr, out_ptr, eps, CONV_DIM: tl.constexpr, DV: tl.constexpr):
+    """Value head ``h``'s whole output ``o`` [DV] (float32) -> ``rmsnorm(o) * w * silu(z)``."""
     vv = tl.arange(0, DV)
+    o = o / tl.sqrt(tl.sum(o * o, axis=0) / DV + eps)
+    z = tl.load(proj_ptr + CONV_DIM + h * DV + vv).to(tl.float32)
+    o = o * tl.load(nw_ptr + vv).to(tl.float32) * (z / (1.0 + tl.exp(-z)))
+    tl.store(out_ptr + h * DV + vv, o.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_ptr, out_ptr, o_ptr, count_ptr,
+                     eps, q_scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                     BLOCK_V: tl.constexpr, KW: tl.constexpr, PDL: tl.constexpr):
+    h = tl.program_id(0)
+    G: tl.constexpr = HV // HK
+    NVB: tl.constexpr = DV // BLOCK_V
+    kh = h // G
+    dt = out_ptr.dtype.element_ty
+    KEY_DIM: tl.constexpr = HK * DK
+    CONV_DIM: tl.constexpr = 2 * HK * DK + HV * DV
+    kk = tl.arange(0, DK)
+    vv = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     q_ch = kh * DK + kk
     k_ch = KEY_DIM + kh * DK + kk
-    q, q_next = _conv_silu(proj_ptr, cs_ptr, cw_ptr, q_ch, KW, KP, dt)
-    k, k_next = _conv_silu(proj_ptr, cs_ptr, cw_ptr, k_ch, KW, KP, dt)
+    v_ch = 2 * KEY_DIM + h * DV + vv
+    # states and weights: nothing the previous kernel writes (see the module docstring)
+    s_ptrs = state_ptr + h * DK * DV + kk[:, None] * DV + vv[None, :]
+    s = tl.load(s_ptrs)
+    q_hist = _conv_load(cs_ptr, cw_ptr, q_ch, KW)
+    k_hist = _conv_load(cs_ptr, cw_ptr, k_ch, KW)
+    v_hist = _conv_load(cs_ptr, cw_ptr, v_ch, KW)
+    decay_rate = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+    dt_bias = tl.load(dtb_ptr + h).to(tl.float32)
+    pdl_sync(PDL)
+    q_x = tl.load(proj_ptr + q_ch)
+    k_x = tl.load(proj_ptr + k_ch)
+    v_x = tl.load(proj_ptr + v_ch)
+    q = _conv_silu(q_x, q_hist, KW, dt)
+    k = _conv_silu(k_x, k_hist, KW, dt)
+    v = _conv_silu(v_x, v_hist, KW, dt)
     q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * q_scale
     k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-    for j in tl.static_range(HV // HK):
-        h = kh * (HV // HK) + j
-        v_ch = 2 * KEY_DIM + h * DV + vv
-        v, v_next = _conv_silu(proj_ptr, cs_ptr, cw_ptr, v_ch, KW, KP, dt)
-        tl.debug_barrier()  # every old conv value is read before any is overwritten
-        _store_state(cs_ptr, v_ch, v_next, KW, KP)
-        b = tl.load(proj_ptr + CONV_DIM + HV * DV + h).to(tl.float32)
-        a = tl.load(proj_ptr + CONV_DIM + HV * DV + HV + h).to(tl.float32) + tl.load(dtb_ptr + h).to(tl.float32)
-        beta = 1.0 / (1.0 + tl.exp(-b))
-        softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
-        decay = tl.exp(-tl.exp(tl.load(alog_ptr + h).to(tl.float32)) * softplus)
-        s_ptrs = state_ptr + h * DK * DV + kk[:, None] * DV + vv[None, :]
-        s = tl.load(s_ptrs) * decay
-        delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
-        s = s + k[:, None] * delta[None, :]
-        tl.store(s_ptrs, s)
-        o = tl.sum(s * q[:, None], axis=0)
-        o = o / tl.sqrt(tl.sum(o * o, axis=0) / DV + eps)
-        z = tl.load(proj_ptr + CONV_DIM + h * DV + vv).to(tl.float32)
-        o = o * tl.load(nw_ptr + vv).to(tl.float32) * (z / (1.0 + tl.exp(-z)))
-        tl.store(out_ptr + h * DV + vv, o.to(dt))
-    _store_state(cs_ptr, q_ch, q_next, KW, KP)
-    _store_state(cs_ptr, k_ch, k_next, KW, KP)
+    b = tl.load(proj_ptr + CONV_DIM + HV * DV + h).to(tl.float32)
+    a = tl.load(proj_ptr + CONV_DIM + HV * DV + HV + h).to(tl.float32) + dt_bias
+    beta = 1.0 / (1.0 + tl.exp(-b))
+    softplus = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(tl.minimum(a, 20.0))))
+    s = s * tl.exp(decay_rate * softplus)
+    delta = (v - tl.sum(s * k[:, None], axis=0)) * beta
+    s = s + k[:, None] * delta[None, :]
+    tl.store(s_ptrs, s)
+    o = tl.sum(s * q[:, None], axis=0)
+    if NVB == 1:
+        _gated_norm(o, h, proj_ptr, nw_ptr, out_ptr, eps, CONV_DIM, DV)
+    else:
+        tl.store(o_ptr + h * DV + vv, o)
+    tl.debug_barrier()  # every old conv value is read before any is overwritten
+    _store_state(cs_ptr, v_ch, v_x, v_hist, KW)  # this program's own channels
+    if G * NVB == 1:
+        _store_state(cs_ptr, q_ch, q_x, q_hist, KW)
+        _store_state(cs_ptr, k_ch, k_x, k_hist, KW)
+    else:  # the key head's last program to finish: the old q/k window is read by all
+        done = tl.atomic_add(count_ptr + kh, 1, sem="acq_rel")
+        if done == G * NVB - 1:
+            _store_state(cs_ptr, q_ch, q_x, q_hist, KW)
+            _store_state(cs_ptr, k_ch, k_x, k_hist, KW)
+            if NVB > 1:
+                for j in tl.static_range(G):
+                    hh = kh * G + j
+                    o_all = tl.load(o_ptr + hh * DV + tl.arange(0, DV), cache_modifier=".cg")
+                    _gated_norm(o_all, hh, proj_ptr, nw_ptr, out_ptr, eps, CONV_DIM, DV)
+            tl.atomic_xchg(count_ptr + kh, 0)
 
 
-# warps per program, the fastest in bench/hybrid_tune.py's sweep (bench/results/hybrid-tune-*)
+#: value columns per program (capped at Dv) and warps per program: the fastest in
+#: bench/hybrid_tune.py's sweep (bench/results/hybrid-tune-*)
+GDN_BLOCK_V = 32
 GDN_WARPS = 4
+MAX_KEY_HEADS = 1024
 
 
 def supported(num_key_heads: int, num_value_heads: int, key_head_dim: int, value_head_dim: int,
               conv_kernel_size: int) -> bool:
     """True when :func:`gdn_step` takes these shapes: power-of-two head dims >= 16, a conv of
-    width >= 2, and value heads a multiple of key heads."""
+    width 2 to 4, value heads a multiple of key heads, at most ``MAX_KEY_HEADS`` key heads."""
     def pow2(n):
         return n >= 16 and n & (n - 1) == 0
-    return (pow2(key_head_dim) and pow2(value_head_dim) and conv_kernel_size >= 2
-            and num_value_heads % num_key_heads == 0)
+    return (pow2(key_head_dim) and pow2(value_head_dim) and 2 <= conv_kernel_size <= 4
+            and num_value_heads % num_key_heads == 0 and num_key_heads <= MAX_KEY_HEADS)
 
 
 def gdn_step(proj: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor, mixer,
-             pdl: int = 0, num_warps: int | None = None) -> torch.Tensor:
+             pdl: int = 0, num_warps: int | None = None, block_v: int | None = None,
+             counters: torch.Tensor | None = None) -> torch.Tensor:
     """One token through the Gated DeltaNet layer ``mixer`` between its two projections.
 
     ``proj``: [1, C + Hv*Dv + 2*Hv] (the input projection's output: q, k, v, z, b, a),
     contiguous; ``conv_state`` [C, K - 1] (model dtype) and ``recurrent_state`` [Hv, Dk, Dv]
     (float32), both contiguous and updated in place. Returns [1, Hv*Dv] in proj's dtype: the
     gated-normalised output, ready for ``out_proj``. ``pdl``: programmatic dependent launch
-    (see :mod:`redlite.layers.triton_gemv`). ``num_warps``: default ``GDN_WARPS``. Shapes
-    must pass :func:`supported`.
+    (see :mod:`redlite.layers.triton_gemv`); the kernel launched just before must not write
+    the states. ``block_v`` (a power of two) and ``num_warps``: default ``GDN_BLOCK_V`` and
+    ``GDN_WARPS``. ``counters``: int32 zeros, at least one per key head, that the kernel
+    leaves zero (keep one per device for graphs); None: fresh zeros. Shapes must pass
+    :func:`supported`.
     """
     m = mixer
+    dv = m.value_head_dim
+    block_v = min(block_v or GDN_BLOCK_V, dv)
+    if counters is None:
+        counters = torch.zeros(m.num_key_heads, dtype=torch.int32, device=proj.device)
     out = torch.empty(1, m.value_dim, device=proj.device, dtype=proj.dtype)
+    o_full = out if block_v == dv else torch.empty(m.value_dim, device=proj.device, dtype=torch.float32)
     extra = {"launch_pdl": True} if pdl else {}
-    _gdn_step_kernel[(m.num_key_heads,)](
-        proj, conv_state, m.conv_weight, m.A_log, m.dt_bias, recurrent_state, m.norm_weight, out,
-        float(m.eps), m.key_head_dim ** -0.5, HK=m.num_key_heads, HV=m.num_value_heads, DK=m.key_head_dim,
-        DV=m.value_head_dim, KW=m.conv_kernel_size, KP=triton.next_power_of_2(m.conv_kernel_size),
-        PDL=int(pdl), num_warps=num_warps or GDN_WARPS, **extra)
+    _gdn_step_kernel[(m.num_value_heads, dv // block_v)](
+        proj, conv_state, m.conv_weight, m.A_log, m.dt_bias, recurrent_state, m.norm_weight, out, o_full,
+        counters, float(m.eps), m.key_head_dim ** -0.5, HK=m.num_key_heads, HV=m.num_value_heads,
+        DK=m.key_head_dim, DV=dv, BLOCK_V=block_v, KW=m.conv_kernel_size, PDL=int(pdl), num_warps=num_warps or GDN_WARPS,
+        **extra)
     return out

@@ -8,14 +8,17 @@ device, so the step stays inside the CUDA graph):
 * the router product: ``gates_weight`` [E + 1, H] times the normalised ``x``, one
   :func:`redlite.layers.triton_gemv.gemv` with the input norm fused in, giving the ``E``
   router logits and the shared expert's gate logit as float32;
-* :func:`_route_kernel` (one program): softmax, top-k, normalised top-k weights, and
-  ``sigmoid`` of the shared gate, into a small routing buffer;
-* :func:`_gate_up_kernel`: one program per row block of one chosen expert's fused gate/up
-  weight (or of the shared expert's), ``silu(gate) * up`` of the RMS-normalised ``x`` (norm
-  fused in) into row ``slot`` of the activation buffer [k + 1, max(I, Is)] (the shared
-  expert's is row ``k``). Only the chosen experts' weights are read;
+* :func:`_route_kernel` (one program): softmax, top-k (one max per pick over keys packing
+  the probability above the id), normalised top-k weights, and ``sigmoid`` of the shared
+  gate, into a small routing buffer;
+* :func:`_gate_up_kernel`: per row block of one chosen expert's fused gate/up weight (or of
+  the shared expert's; one program each, or a fixed number striding over them),
+  ``silu(gate) * up`` of the RMS-normalised ``x`` (norm fused in) into row ``slot`` of the
+  activation buffer [k + 1, max(I, Is)] (the shared expert's is row ``k``). Only the chosen experts' weights are read;
 * :func:`_down_kernel`: per block of output rows, the routed experts' down products weighted
-  by their routing weights, plus the gated shared expert's, added to the residual in place.
+  by their routing weights (all experts' ids read at once, then one gather of every expert's
+  rows per column step, so their loads are in flight together), plus the gated shared
+  expert's, added to the residual in place.
 
 Rounding follows the torch reference (:meth:`SparseMoE.forward` through
 :meth:`redlite.layers.decode_ops.TorchDecodeOps.moe`): each product rounded to the model
@@ -28,14 +31,19 @@ import torch
 import triton
 import triton.language as tl
 
-from redlite.layers.triton_gemv import _load_tile, _row_block, _x_tile, gemv, pdl_sync
+from redlite.layers.triton_gemv import _load_tile, _row_block, _sm_count, _x_tile, gemv, pdl_sync
 
-#: (block_n, block_k, num_warps) of the gate/up kernel and (block_n, block_i, num_warps) of the
-#: down kernel (block_k / block_i: columns per step, capped at the next power of two of the
-#: row length): the fastest of bench/moe_tune.py's sweep on an H200 in the 35B-A3B shape
-#: (bench/results/hybrid-2026-12-01-nvidia-h200-35b-a3b.md).
-GATE_UP_CONFIG = (4, 2048, 4)
-DOWN_CONFIG = (4, 512, 4)
+#: (block_n, block_k, num_warps, programs_per_sm) of the gate/up kernel (programs_per_sm 0:
+#: one program per row block, else that many per multiprocessor stride over the blocks) and
+#: (block_n, block_i, num_warps) of the down kernel (block_k / block_i: columns per step,
+#: capped at the next power of two of the row length). Gate/up: the fastest of
+#: bench/moe_tune.py's sweep on an H200 in the 35B-A3B shape
+#: (bench/results/hybrid-2026-12-01-nvidia-h200-35b-a3b.md); down: not yet swept since its
+#: tile became a gather of all experts (8 warps keep that [8, 4, 512] tile in registers).
+GATE_UP_CONFIG = (4, 2048, 4, 0)
+DOWN_CONFIG = (4, 512, 8)
+#: warps of the one-program routing kernel (its reductions span all of them)
+ROUTE_WARPS = 1
 MAX_EXPERTS = 1024
 
 
@@ -48,15 +56,17 @@ def _top_k(logits_ptr, E, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_TK: 
     js = tl.arange(0, BLOCK_TK)
     logit = tl.load(logits_ptr + es, mask=es < E, other=float("-inf")).to(tl.float32)
     p = tl.exp(logit - tl.max(logit, axis=0))
-    p = tl.where(es < E, p / tl.sum(p, axis=0), -1.0)
+    p = p / tl.sum(p, axis=0)
+    # one max per pick: a probability's bits (>= 0: ordered as integers) above the inverted id
+    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - es).to(tl.int64)
+    key = tl.where(es < E, key, -1)
     ids = tl.zeros([BLOCK_TK], tl.int32)
     ws = tl.zeros([BLOCK_TK], tl.float32)
     for j in tl.static_range(TOP_K):
-        m = tl.max(p, axis=0)
-        idx = tl.min(tl.where(p == m, es, BLOCK_E), axis=0)
-        ids = tl.where(js == j, idx, ids)
-        ws = tl.where(js == j, m, ws)
-        p = tl.where(es == idx, -1.0, p)
+        top = tl.max(key, axis=0)
+        ids = tl.where(js == j, BLOCK_E - 1 - (top & 0xFFFFFFFF).to(tl.int32), ids)
+        ws = tl.where(js == j, (top >> 32).to(tl.int32).to(tl.float32, bitcast=True), ws)
+        key = tl.where(key == top, -1, key)
     if NORM_TOPK:
         ws = ws / tl.sum(ws, axis=0)
     return ids, ws
@@ -76,37 +86,65 @@ def _route_kernel(logits_ptr, route_ptr, E, TOP_K: tl.constexpr, NORM_TOPK: tl.c
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, nw_ptr, route_ptr, gu_ptr, sgu_ptr, act_ptr, H, I, IS, IMAX, eps, nb_s, nb_r,
-                    TOP_K: tl.constexpr, ZC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PDL: tl.constexpr):
-    # programs [0, nb_s): the shared expert's row blocks; then TOP_K groups of nb_r routed ones
-    pid = tl.program_id(0)
-    ks = tl.arange(0, BLOCK_K)
-    dt = act_ptr.dtype.element_ty
-    if pid < nb_s:  # the shared expert's weights do not depend on the routing: read before waiting
-        base = sgu_ptr + pid * 0
-        n = IS + pid * 0
-        block = pid
-        slot = pid * 0 + TOP_K
-        w, w_up = _load_tile(base, block, n, H, 0, ks, BLOCK_N, 2)
-        pdl_sync(PDL)
+def _gu_tile(gu_ptr, sgu_ptr, ids, js, block, n_blocks, nb_s, nb_r, H, I, IS, ks, TOP_K: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    """First column tile of gate/up row block ``block`` (blocks [0, nb_s): the shared expert's,
+    then TOP_K groups of nb_r routed ones; past ``n_blocks``: reads nothing), with its weight
+    base, its row count, its row block within the expert and its activation row."""
+    if block < nb_s:
+        base = sgu_ptr + block * 0
+        n = IS + block * 0
+        rb = block
+        slot = block * 0 + TOP_K
     else:
-        pdl_sync(PDL)
-        r = pid - nb_s
+        r = block - nb_s
         slot = r // nb_r
-        block = r % nb_r
-        expert = tl.load(route_ptr + slot).to(tl.int64)
+        rb = r % nb_r
+        expert = tl.sum(tl.where(js == slot, ids, 0), axis=0)
         base = gu_ptr + expert * 2 * I * H
-        n = I + pid * 0
-        w, w_up = _load_tile(base, block, n, H, 0, ks, BLOCK_N, 2)
+        n = tl.where(block < n_blocks, I, 0)
+    w, w_up = _load_tile(base, rb, n, H, 0, ks, BLOCK_N, 2)
+    return w, w_up, base, n, rb, slot
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, nw_ptr, route_ptr, gu_ptr, sgu_ptr, act_ptr, H, I, IS, IMAX, eps, nb_s, nb_r, n_blocks,
+                    TOP_K: tl.constexpr, BLOCK_TK: tl.constexpr, ZC: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, STRIDED: tl.constexpr, PDL: tl.constexpr):
+    # one program per row block, or (STRIDED) programs stride over the blocks, each loading its
+    # next block's first tile before working on the current one; the shared expert's first
+    # tiles are read before waiting
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    ks = tl.arange(0, BLOCK_K)
+    js = tl.arange(0, BLOCK_TK)
+    dt = act_ptr.dtype.element_ty
+    w, w_up = _load_tile(sgu_ptr, pid, IS, H, 0, ks, BLOCK_N, 2)  # rows past IS read nothing
+    pdl_sync(PDL)
+    ids = tl.load(route_ptr + js, mask=js < TOP_K, other=0.0).to(tl.int64)
+    base = sgu_ptr + pid * 0
+    n = IS + pid * 0
+    rb = pid
+    slot = pid * 0 + TOP_K
+    if pid >= nb_s:
+        w, w_up, base, n, rb, slot = _gu_tile(gu_ptr, sgu_ptr, ids, js, pid, n_blocks, nb_s, nb_r, H, I, IS, ks,
+                                              TOP_K, BLOCK_N)
     sumsq = tl.zeros([BLOCK_K], tl.float32)
     for k0 in range(0, H, BLOCK_K):
         xs = tl.load(x_ptr + k0 + ks, mask=k0 + ks < H, other=0.0).to(tl.float32)
         sumsq += xs * xs
     rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / H + eps)
     x0 = _x_tile(x_ptr, nw_ptr, 0, ks, H, rstd, True, ZC, dt)
-    _row_block(w, w_up, x0, block, base, x_ptr, nw_ptr, x_ptr, act_ptr + slot * IMAX, n, H, rstd, ks,
-               True, ZC, False, 2, False, BLOCK_N, BLOCK_K, dt)
+    if STRIDED:
+        for block in range(pid, n_blocks, step):
+            w_next, w_up_next, base_next, n_next, rb_next, slot_next = _gu_tile(
+                gu_ptr, sgu_ptr, ids, js, block + step, n_blocks, nb_s, nb_r, H, I, IS, ks, TOP_K, BLOCK_N)
+            _row_block(w, w_up, x0, rb, base, x_ptr, nw_ptr, x_ptr, act_ptr + slot * IMAX, n, H, rstd, ks,
+                       True, ZC, False, 2, False, BLOCK_N, BLOCK_K, dt)
+            w, w_up, base, n, rb, slot = w_next, w_up_next, base_next, n_next, rb_next, slot_next
+    else:
+        _row_block(w, w_up, x0, rb, base, x_ptr, nw_ptr, x_ptr, act_ptr + slot * IMAX, n, H, rstd, ks,
+                   True, ZC, False, 2, False, BLOCK_N, BLOCK_K, dt)
 
 
 @triton.jit
@@ -121,27 +159,30 @@ def _down_kernel(act_ptr, route_ptr, dw_ptr, sdw_ptr, out_ptr, H, I, IS, IMAX, T
     s_rows = rows.to(tl.int64)[:, None] * IS
     sw = tl.load(sdw_ptr + s_rows + cs[None, :], mask=rmask[:, None] & (cs < IS)[None, :], other=0.0)
     pdl_sync(PDL)
-    routed = tl.zeros([BLOCK_N], tl.float32)
-    for j in tl.static_range(TOP_K):
-        expert = tl.load(route_ptr + j).to(tl.int64)
-        weight = tl.load(route_ptr + BLOCK_TK + j).to(dt).to(tl.float32)
-        e_rows = expert * H * I + rows.to(tl.int64)[:, None] * I
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for i0 in range(0, I, BLOCK_I):
-            m = i0 + cs < I
-            w = tl.load(dw_ptr + e_rows + i0 + cs[None, :], mask=rmask[:, None] & m[None, :], other=0.0)
-            a = tl.load(act_ptr + j * IMAX + i0 + cs, mask=m, other=0.0).to(tl.float32)
-            acc += tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-        routed += (acc.to(dt).to(tl.float32) * weight).to(dt).to(tl.float32)
+    # all experts' ids, then one [BLOCK_TK, BLOCK_N, BLOCK_I] gather per column step
+    js = tl.arange(0, BLOCK_TK)
+    jmask = js < TOP_K
+    experts = tl.load(route_ptr + js, mask=jmask, other=0.0).to(tl.int64)
+    weights = tl.load(route_ptr + BLOCK_TK + js, mask=jmask, other=0.0).to(dt).to(tl.float32)
+    e_rows = (experts * H)[:, None, None] * I + rows.to(tl.int64)[None, :, None] * I
+    rjmask = jmask[:, None, None] & rmask[None, :, None]
+    acc = tl.zeros([BLOCK_TK, BLOCK_N], tl.float32)
+    for i0 in range(0, I, BLOCK_I):
+        m = i0 + cs < I
+        w = tl.load(dw_ptr + e_rows + i0 + cs[None, None, :], mask=rjmask & m[None, None, :], other=0.0)
+        a = tl.load(act_ptr + js[:, None, None] * IMAX + i0 + cs[None, None, :],
+                    mask=jmask[:, None, None] & m[None, None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * a, axis=2)
+    routed = tl.sum((acc.to(dt).to(tl.float32) * weights[:, None]).to(dt).to(tl.float32), axis=0)
     a = tl.load(act_ptr + TOP_K * IMAX + cs, mask=cs < IS, other=0.0).to(tl.float32)
-    acc = tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
+    acc_s = tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
     for i0 in range(BLOCK_I, IS, BLOCK_I):
         m = i0 + cs < IS
         sw = tl.load(sdw_ptr + s_rows + i0 + cs[None, :], mask=rmask[:, None] & m[None, :], other=0.0)
         a = tl.load(act_ptr + TOP_K * IMAX + i0 + cs, mask=m, other=0.0).to(tl.float32)
-        acc += tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
+        acc_s += tl.sum(sw.to(tl.float32) * a[None, :], axis=1)
     gate = tl.load(route_ptr + 2 * BLOCK_TK).to(dt).to(tl.float32)
-    shared = (acc.to(dt).to(tl.float32) * gate).to(dt).to(tl.float32)
+    shared = (acc_s.to(dt).to(tl.float32) * gate).to(dt).to(tl.float32)
     total = (routed.to(dt).to(tl.float32) + shared).to(dt).to(tl.float32)
     res = tl.load(out_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, (res + total).to(dt), mask=rmask)
@@ -155,15 +196,16 @@ def supported(moe) -> bool:
 
 
 def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_centered: bool = True,
-             pdl: int = 0, gate_up_config: tuple[int, int, int] | None = None,
-             down_config: tuple[int, int, int] | None = None, configs=None) -> torch.Tensor:
+             pdl: int = 0, gate_up_config: tuple[int, int, int, int] | None = None,
+             down_config: tuple[int, int, int] | None = None, configs=None,
+             route_warps: int | None = None) -> torch.Tensor:
     """``x += moe(rms_norm(x))`` in place for one token: ``x`` [1, H] contiguous (the residual
     stream), ``norm_weight`` [H] the block's input norm (``zero_centered``: the Qwen3.5 form),
     ``moe`` a :class:`~redlite.layers.moe.SparseMoE` in x's dtype. Four launches (router
     product, routing, gate/up, down) with no host read. Returns ``x``. ``pdl``: programmatic dependent
     launch (see :mod:`redlite.layers.triton_gemv`); configs as ``GATE_UP_CONFIG`` /
-    ``DOWN_CONFIG`` (the defaults); ``configs``: the router product's GEMV table
-    (:func:`redlite.layers.triton_gemv.gemv_config`).
+    ``DOWN_CONFIG`` (the defaults), ``route_warps`` as ``ROUTE_WARPS``; ``configs``: the
+    router product's GEMV table (:func:`redlite.layers.triton_gemv.gemv_config`).
     """
     h = x.shape[-1]
     e, k, inter, s_inter = moe.num_experts, moe.top_k, moe.inter, moe.shared.inter
@@ -175,13 +217,16 @@ def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_c
     act = torch.empty(k + 1, i_max, device=x.device, dtype=x.dtype)
     extra = {"launch_pdl": True} if pdl else {}
     _route_kernel[(1,)](logits, route, e, TOP_K=k, NORM_TOPK=bool(moe.norm_topk_prob),
-                        BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl), **extra)
-    bn, bk, warps = gate_up_config or GATE_UP_CONFIG
+                        BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl),
+                        num_warps=route_warps or ROUTE_WARPS, **extra)
+    bn, bk, warps, per_sm = gate_up_config or GATE_UP_CONFIG
     nb_s, nb_r = triton.cdiv(s_inter, bn), triton.cdiv(inter, bn)
-    _gate_up_kernel[(nb_s + k * nb_r,)](
+    n_blocks = nb_s + k * nb_r
+    programs = min(n_blocks, per_sm * _sm_count(x.device)) if per_sm else n_blocks
+    _gate_up_kernel[(programs,)](
         x, norm_weight, route, moe.gate_up_weight, moe.shared.gate_up_weight, act, h, inter, s_inter, i_max,
-        float(eps), nb_s, nb_r, TOP_K=k, ZC=bool(zero_centered), BLOCK_N=bn,
-        BLOCK_K=min(bk, triton.next_power_of_2(h)), PDL=int(pdl), num_warps=warps, **extra)
+        float(eps), nb_s, nb_r, n_blocks, TOP_K=k, BLOCK_TK=block_tk, ZC=bool(zero_centered), BLOCK_N=bn,
+        BLOCK_K=min(bk, triton.next_power_of_2(h)), STRIDED=bool(per_sm), PDL=int(pdl), num_warps=warps, **extra)
     bn, bi, warps = down_config or DOWN_CONFIG
     _down_kernel[(triton.cdiv(h, bn),)](
         act, route, moe.down_weight, moe.shared.down_weight, x, h, inter, s_inter, i_max, TOP_K=k,
