@@ -102,18 +102,24 @@ class PrefixIndex:
         self.remove(key)
         hashes = self.hashes(ids) if hashes is None else list(hashes)
         self._hashes[key], self._ids[key] = hashes, ids
-        for k, digest in enumerate(hashes, start=1):
-            self._levels.setdefault((k, digest), set()).add(key)
+        levels = self._levels
+        for level in enumerate(hashes, start=1):
+            members = levels.get(level)
+            if members is None:
+                levels[level] = {key}
+            else:
+                members.add(key)
 
     def remove(self, key: Hashable) -> None:
         """Forget ``key`` (no error when absent)."""
         self._ids.pop(key, None)
-        for k, digest in enumerate(self._hashes.pop(key, []), start=1):
-            members = self._levels.get((k, digest))
+        levels = self._levels
+        for level in enumerate(self._hashes.pop(key, []), start=1):
+            members = levels.get(level)
             if members is not None:
                 members.discard(key)
                 if not members:
-                    del self._levels[(k, digest)]
+                    del levels[level]
 
     def lookup(self, prompt: Sequence[int], known: Sequence[bytes] = ()) -> list[CandidateGroup]:
         """Every indexed key, grouped by the number of full blocks it shares with ``prompt``,
