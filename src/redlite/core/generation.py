@@ -45,7 +45,8 @@ log = logging.getLogger("redlite.generation")
 class GenerationRequest:
     """One request as the engine worker sees it.
 
-    prompt_ids: the full prompt (len >= 1, <= the engine's max_context). message_ends: message
+    prompt_ids: the full prompt (len >= 1, <= the engine's max_context; never changed in place:
+    it may be a rendered prompt's own list, shared with the render cache). message_ends: message
     boundary positions (tokens) of a chat prompt, for checkpoints. max_tokens: the most tokens to
     generate (None: until end of turn or a full context). stop: validated stop strings.
     parse: how the output is split into content / reasoning / tool calls (None: all content).
