@@ -38,6 +38,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
+from redlite.core.tokenizer import MARKER_LEAD as _LEAD
+
 #: render(messages, add_generation_prompt) -> text (the template's kwargs already bound)
 Render = Callable[[list, bool], str]
 
@@ -70,9 +72,6 @@ def _candidates(found: list[tuple[int, bool]]) -> list[int]:
     last index."""
     first = next((i for i, clean in found if clean), found[0][0])
     return [first] if found[-1][0] == first else [first, found[-1][0]]
-
-
-_LEAD = "\x07"  # the markers' first character: ASCII (a marked text stays one byte per character), not whitespace
 
 
 def _marker_prefix(messages: Sequence[dict]) -> str:
