@@ -97,9 +97,12 @@ def _splice(tokenizer: Any, marked: Any, turns: list[tuple[str, GeneratedTurn]])
         at = text.find(marker, cursor)
         if at < 0:
             return None
-        start = header_start(text[cursor:at], turn.prefix_text)
+        # only the end of the text before the marker can hold the header (not a copy of it all)
+        window = max(cursor, at - len(turn.prefix_text) - _HEADER_SLACK)
+        start = header_start(text[window:at], turn.prefix_text)
         if start is None:
             return None
+        start += window - cursor
         pieces.append(text[cursor:cursor + start])
         regions.append(text[cursor + start:at + len(marker)])
         cursor = at + len(marker)
