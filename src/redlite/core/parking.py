@@ -12,8 +12,10 @@ Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"
 - The pool admits and evicts by :func:`redlite.core.eviction.plan_eviction`.
 
 The decisions are pure functions of plain data; :class:`ParkingPool` keeps the entries and a
-:class:`~redlite.core.prefix_index.PrefixIndex` so a lookup hashes the prompt once and compares
-tokens only with the few entries sharing its leading blocks.
+:class:`~redlite.core.prefix_index.PrefixIndex` so a lookup compares tokens only with the few
+entries sharing the prompt's leading blocks, given the hashes of the blocks the prompt shares
+with the live state (:meth:`redlite.core.sequence.Sequence.held_hashes`): its cost follows what
+the prompt adds, not the conversation's length.
 """
 
 from __future__ import annotations
