@@ -115,7 +115,8 @@ class Conversations(Parker):
                 self._copy(gen, source, choice.usable, live_common, request_id)
                 return
             started = self._timer()
-            hashes = self.pool.hashes_of(choice.key) if choice.tier in POOL_TIERS else []
+            tier = self.pool if choice.tier in POOL_TIERS else self.sessions
+            hashes = tier.hashes_of(choice.key)  # (a file's ids are checked against its index's)
             entry = self._fetch(choice)
             if entry is None:
                 continue
@@ -131,7 +132,7 @@ class Conversations(Parker):
                 if choice.common is not None:
                     gen.know_common(prompt, choice.common)
                 if hashes:
-                    gen.sequence.know_hashes(self.pool.block, hashes)
+                    gen.sequence.know_hashes(tier.block, hashes)
                 if self.replay is not None and entry.replay:
                     self.replay.restore(entry.replay)  # its turns: used again
                 seconds = self._timer() - started

@@ -197,6 +197,10 @@ class SessionIndex:
         """The prefix index's block (tokens)."""
         return self._index.block
 
+    def hashes_of(self, key: str) -> list[bytes]:
+        """The index's chain hashes of file ``key``'s held ids (empty when absent)."""
+        return self._index.hashes_of(key)
+
     def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0,
                    known: Sequence[bytes] = ()) -> list[Candidate]:
         """Indexed files with a usable prefix for ``prompt`` (see ParkingPool.candidates),
