@@ -145,8 +145,10 @@ def test_content_inspecting_template_falls_back_to_exact_boundaries_only():
     assert got[-1] == len(render(messages, False))
 
 
-def test_marker_text_in_content_cannot_be_confused_with_a_marker():
-    messages = [{"role": "user", "content": "\u2063<abc:0> and \u2063<def:1>"}, {"role": "assistant", "content": "ok"}]
+@pytest.mark.parametrize("lead", ["\u2063", "\x07"])
+def test_marker_text_in_content_cannot_be_confused_with_a_marker(lead):
+    messages = [{"role": "user", "content": f"{lead}<abc:0> and {lead}<def:o1> {lead}<12:c0>"},
+                {"role": "assistant", "content": f"ok {lead}"}]
     render = renderer(CHATML_DEFAULT_SYSTEM)
     text = render(messages, True)
     assert message_boundaries(render, messages, text) == reference(render, messages, text)

@@ -8,7 +8,7 @@ import pytest
 from redlite.core.eviction import EntryStats, entry_values, plan_eviction
 from redlite.core.parking import (LIVE, Candidate, ParkedEntry, ParkingPool, choose_candidate,
                                   usable_prefix)
-from redlite.core.prefix_index import PrefixIndex
+from redlite.core.prefix_index import PrefixIndex, block_hashes
 from redlite.core.reuse import common_prefix_length, plan_reuse
 from redlite.engine.base import StateSnapshot
 
@@ -46,21 +46,47 @@ def test_index_groups_bound_the_common_prefix(block):
                 assert group.blocks * block <= common < group.bound
 
 
-def test_hash_memo_gives_the_plain_chain_hashes():
-    """Hashes through the memo (a remembered sequence's blocks reused) equal block_hashes of
-    the sequence itself, whatever the sequences share, also after the caller's list changes."""
-    from redlite.core.prefix_index import HashMemo, block_hashes
-
+def test_index_hashes_and_lookups_reuse_indexed_and_given_hashes_exactly():
+    """Hashes of a sequence through the index (given leading hashes, those of indexed
+    sequences sharing blocks with it, the rest hashed) equal block_hashes of the sequence
+    itself, and a lookup given any leading part of them groups as one given none."""
     rng = random.Random(5)
     for block in (1, 3, 8):
-        memo = HashMemo(block, size=3)
-        for _ in range(60):
-            seq = random_family(rng, 1)[0]
-            assert memo.hashes(seq) == list(block_hashes(seq, block))
-            other = seq[:rng.randint(0, len(seq))] + [rng.randrange(4) for _ in range(rng.randint(0, 9))]
-            assert list(memo.chain(other)) == list(block_hashes(other, block))
-            seq[:rng.randint(0, len(seq))] = [rng.randrange(4) for _ in range(rng.randint(0, 9))]
-            assert list(memo.chain(seq)) == list(block_hashes(seq, block))
+        for _ in range(40):
+            seqs = random_family(rng, 8)
+            index = PrefixIndex(block)
+            for i, s in enumerate(seqs):
+                index.add(i, s)
+            other = rng.choice(seqs)[:rng.randint(0, 60)] + [rng.randrange(4) for _ in range(rng.randint(0, 9))]
+            truth = list(block_hashes(other, block))
+            given = truth[:rng.randint(0, len(truth))]
+            assert index.hashes(other) == truth and index.hashes(other, given) == truth
+            plain = [(g.blocks, g.keys) for g in index.lookup(other)]
+            assert [(g.blocks, g.keys) for g in index.lookup(other, given)] == plain
+            assert [(g.blocks, g.keys) for g in index.lookup(other, truth)] == plain
+
+
+def test_sequence_keeps_its_held_hashes_through_appends_cuts_and_replacements():
+    from redlite.core.checkpoints import CheckpointStore
+    from redlite.core.sequence import Sequence
+
+    rng = random.Random(9)
+    seq = Sequence(None, CheckpointStore(0))
+    for _ in range(300):
+        step = rng.random()
+        if step < 0.4:
+            seq.held_ids.extend(rng.randrange(4) for _ in range(rng.randint(0, 9)))
+        elif step < 0.7:
+            seq.cut(rng.randint(0, len(seq.held_ids)))
+        elif step < 0.8:
+            seq.held_ids = [rng.randrange(4) for _ in range(rng.randint(0, 30))]
+        elif step < 0.9:
+            seq.held_ids = list(seq.held_ids)
+            seq.know_hashes(3, list(block_hashes(seq.held_ids, 3))[:rng.randint(0, 4)])
+        block = rng.choice((1, 3, 8))
+        truth = list(block_hashes(seq.held_ids, block))
+        blocks = rng.choice((None, rng.randint(0, 12)))
+        assert seq.held_hashes(block, blocks) == truth[:blocks]
 
 
 def test_index_remove_and_replace():
@@ -172,7 +198,7 @@ def test_pool_choice_equals_comparing_every_entry(can_rewind):
     """The pool's candidates (groups pruned by what can beat the live state, tail entries on the
     live state compared from their base) lead to the choice that comparing every entry with
     the prompt gives: same key, same usable prefix."""
-    from redlite.core.parking import ParkedCheckpoint, entry_usable
+    from redlite.core.parking import ParkedCheckpoint, entry_fit
 
     rng = random.Random(11 + can_rewind)
     for _ in range(200):
@@ -193,8 +219,9 @@ def test_pool_choice_equals_comparing_every_entry(can_rewind):
         common = common_prefix_length(live, prompt)
         live_usable = usable_prefix(len(live), common, len(prompt), can_rewind, [])
         live_candidate = Candidate(LIVE, live_usable, "live", 0.0)
-        fast = choose_candidate([live_candidate] + pool.candidates(prompt, can_rewind, live_usable, common))
-        every = [Candidate(e.key, entry_usable(e, prompt, can_rewind), e.tier, e.last_used, len(e.held_ids))
+        known = list(block_hashes(live, pool.block))[:common // pool.block]  # the live state's
+        fast = choose_candidate([live_candidate] + pool.candidates(prompt, can_rewind, live_usable, common, known))
+        every = [Candidate(e.key, entry_fit(e, prompt, can_rewind)[1], e.tier, e.last_used, len(e.held_ids))
                  for e in pool.entries()]
         slow = choose_candidate([live_candidate] + every)
         assert (fast and (fast.key, fast.usable)) == (slow and (slow.key, slow.usable))

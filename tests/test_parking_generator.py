@@ -10,6 +10,7 @@ from redlite.core.byte_tokenizer import ByteTokenizer
 from redlite.core.conversations import Conversations
 from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
 from redlite.core.parking import ParkingPool
+from redlite.core.prefix_index import block_hashes
 from redlite.core.sessions import SessionStore, expected_for
 from redlite.engine.echo import EchoEngine
 
@@ -18,15 +19,16 @@ SYSTEM = {"role": "system", "content": "You are terse."}
 
 
 def make(can_rewind=True, park_bytes=1 << 20, slots=8, session_dir=None, opener=open, parking=True,
-         interval=16):
+         interval=16, block=128):
     engine = EchoEngine(can_rewind=can_rewind)
     gen = Generator(engine, tok, GeneratorSettings(checkpoint_interval=interval))
     if parking:
         sessions = None
         if session_dir is not None:
-            sessions = SessionStore(session_dir, expected_for(engine), min_tokens=1, opener=opener)
+            sessions = SessionStore(session_dir, expected_for(engine), min_tokens=1, opener=opener,
+                                    block=block)
             sessions.scan()
-        gen.parking = Conversations(ParkingPool(park_bytes, slots), sessions)
+        gen.parking = Conversations(ParkingPool(park_bytes, slots, block=block), sessions)
     return gen
 
 
@@ -37,6 +39,8 @@ def chat(gen, messages):
     result = out[-1]
     assert isinstance(result, GenerationResult)
     assert gen.engine.held_ids == gen.held_ids  # held ids and engine agree after every request
+    for size, chain in gen.sequence._chains.items():  # the kept hashes (cut, seeded) are exact
+        assert chain == list(block_hashes(gen.held_ids, size))[:len(chain)]
     return "".join(event.value for event in out[:-1]), result
 
 
@@ -161,6 +165,26 @@ def test_a_b_a_through_disk_in_process(tmp_path, caplog):
     assert result.cached_tokens == a_held
     assert f"restored from disk {a_held} tok" in caplog.text
 
+
+
+@pytest.mark.parametrize("through_disk", [False, True])
+def test_held_hashes_stay_exact_through_forks_restores_and_regenerates(tmp_path, through_disk, caplog):
+    """The slot's kept hashes of its held ids (seeded from a restored entry's index, cut with
+    a rewind) are those of its ids after every request (checked in ``chat``), and a restore
+    from the RAM pool or from disk seeds them."""
+    caplog.set_level(logging.INFO)
+    gen = make(park_bytes=0 if through_disk else 1 << 20, session_dir=tmp_path if through_disk else None,
+               block=4)
+    answer_a, _ = chat(gen, A)
+    chat(gen, A)  # a regenerate: the answer's tail parked, the live state rewound
+    chat(gen, B)
+    seeded = []
+    real = gen.sequence.know_hashes
+    gen.sequence.know_hashes = lambda block, hashes: seeded.append(len(hashes)) or real(block, hashes)
+    chat(gen, follow(A, answer_a, "and then?"))
+    assert f"restored from {'disk' if through_disk else 'ram'}" in caplog.text
+    assert seeded and seeded[0] > 8
+    chat(gen, follow(A, answer_a, "and then?"))
 
 
 def test_entries_longer_than_the_context_are_not_candidates(caplog):

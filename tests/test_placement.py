@@ -89,3 +89,20 @@ def test_when_every_idle_slot_is_cut_the_least_recently_used_goes_not_the_one_sh
     old = SlotView(1, [100, 7, 7, 7], True, True, last_used=1.0, answer_start=2)
     placed = place([a, old], system + [2] * 20)
     assert (placed.slot, placed.source, placed.keep) == (1, 0, 24)
+
+
+def test_placement_compares_each_slot_once_and_hands_the_chosen_slots_common_prefix_on(monkeypatch):
+    from redlite.core import placement
+    from redlite.core.reuse import common_prefix_length
+
+    calls = []
+    monkeypatch.setattr(placement, "common_prefix_length",
+                        lambda a, b: calls.append(1) or common_prefix_length(a, b))
+    prompt = [1, 2, 3, 4, 9]
+    views = [SlotView(0, [1, 2, 3, 4, 5, 6], True, True, last_used=2.0),
+             SlotView(1, [1, 2, 7], True, True, last_used=1.0),
+             SlotView(2, [], True, True)]
+    chosen = place(views, prompt)
+    assert chosen.slot == 0 and chosen.common == 4 and len(calls) == 2  # the empty slot: none
+    untrusted = place([SlotView(0, [1, 2, 3, 4, 5, 6], False, True)], prompt)
+    assert untrusted.slot == 0 and untrusted.common is None

@@ -38,7 +38,7 @@ from redlite.core.forks import trusted
 from redlite.core.live_state import SlotPrefix, copy_prefix, install, reset
 from redlite.core.parker import Parker
 from redlite.core.parking import (LIVE, POOL_TIERS, Candidate, ParkedEntry, ParkingPool,
-                                  choose_candidate, entry_usable, usable_prefix)
+                                  choose_candidate, entry_fit, usable_prefix)
 from redlite.core.replay import ReplayStore
 from redlite.core.reuse import common_prefix_length
 from redlite.core.sessions import SessionStore
@@ -104,7 +104,7 @@ class Conversations(Parker):
         live_usable = usable_prefix(len(held), live_common, len(prompt), gen.engine.can_rewind,
                                     gen.checkpoints.positions)
         while True:  # again only after a refused file (it has left the index)
-            choice = choose_candidate(self._candidates(prompt, live_usable, gen.engine, source,
+            choice = choose_candidate(self._candidates(prompt, live_usable, gen, source,
                                                        live_common if trusted(gen) else None))
             if choice is None or choice.key == LIVE:
                 kept = choice.usable if choice is not None else 0
@@ -115,6 +115,8 @@ class Conversations(Parker):
                 self._copy(gen, source, choice.usable, live_common, request_id)
                 return
             started = self._timer()
+            tier = self.pool if choice.tier in POOL_TIERS else self.sessions
+            hashes = tier.hashes_of(choice.key)  # (a file's ids are checked against its index's)
             entry = self._fetch(choice)
             if entry is None:
                 continue
@@ -126,7 +128,11 @@ class Conversations(Parker):
             installed = install(gen, entry, keep)
             if popped:  # its dependants now build on the live state, or lost their prefix
                 self.lineage.adopt(choice.key, installed)
-            if installed:
+            if installed:  # what the candidate step learnt of its ids: not computed again
+                if choice.common is not None:
+                    gen.know_common(prompt, choice.common)
+                if hashes:
+                    gen.sequence.know_hashes(tier.block, hashes)
                 if self.replay is not None and entry.replay:
                     self.replay.restore(entry.replay)  # its turns: used again
                 seconds = self._timer() - started
@@ -151,12 +157,14 @@ class Conversations(Parker):
                      request_id, keep, source.slot, (self._timer() - started) * 1000.0,
                      len(source.generator.held_ids))
 
-    def _candidates(self, prompt: list[int], live_usable: int, engine,
+    def _candidates(self, prompt: list[int], live_usable: int, gen: "Generator",
                     source: SlotPrefix | None = None, live_common: int | None = None) -> list[Candidate]:
         """The live state, ``source``'s and the parked entries that could beat it (index
-        lookups); entries longer than the engine's context (saved with a larger
-        ``--ctx-size``) cannot load. live_common: the trusted live state's common prefix with
-        the prompt (None: unknown)."""
+        lookups, given the hashes of the blocks the prompt shares with the live state);
+        entries longer than the engine's context (saved with a larger ``--ctx-size``) cannot
+        load. live_common: the trusted live state's common prefix with the prompt (None:
+        unknown)."""
+        engine = gen.engine
         can_rewind = engine.can_rewind
         candidates = [Candidate(LIVE, live_usable, "live", self._clock())]
         if source is not None and trusted(source.generator):
@@ -171,14 +179,18 @@ class Conversations(Parker):
             tiers = [t for t in (self.pool, self.sessions) if t is not None]
             for entry in (e for tier in tiers for e in tier.entries()):
                 if entry.session == session:
-                    usable = entry_usable(entry, prompt, can_rewind, live_common)
+                    common, usable = entry_fit(entry, prompt, can_rewind, live_common)
                     candidates.append(Candidate(entry.key, usable, entry.tier, entry.last_used,
-                                                len(entry.held_ids), session=True))
+                                                len(entry.held_ids), session=True, common=common))
+
+        def known(block: int) -> list[bytes]:  # the prompt's leading hashes: the live state's
+            return gen.sequence.held_hashes(block, live_common // block) if live_common else []
         if self.pool is not None:
-            candidates += self.pool.candidates(prompt, can_rewind, live_usable, live_common)
+            candidates += self.pool.candidates(prompt, can_rewind, live_usable, live_common,
+                                               known(self.pool.block))
         if self.sessions is not None:
             best = max(c.usable for c in candidates)
-            candidates += self.sessions.candidates(prompt, can_rewind, best)
+            candidates += self.sessions.candidates(prompt, can_rewind, best, known(self.sessions.block))
         return [c for c in candidates if c.held_len <= engine.max_context]
 
     @staticmethod

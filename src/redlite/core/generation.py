@@ -45,7 +45,8 @@ log = logging.getLogger("redlite.generation")
 class GenerationRequest:
     """One request as the engine worker sees it.
 
-    prompt_ids: the full prompt (len >= 1, <= the engine's max_context). message_ends: message
+    prompt_ids: the full prompt (len >= 1, <= the engine's max_context; never changed in place:
+    it may be a rendered prompt's own list, shared with the render cache). message_ends: message
     boundary positions (tokens) of a chat prompt, for checkpoints. max_tokens: the most tokens to
     generate (None: until end of turn or a full context). stop: validated stop strings.
     parse: how the output is split into content / reasoning / tool calls (None: all content).
@@ -180,8 +181,12 @@ class Generator:
         if memo is not None and memo[0] is held and memo[1] == len(held) \
                 and memo[2] is prompt_ids and memo[3] == len(prompt_ids):
             return memo[4]
-        common = common_prefix_length(held, prompt_ids)
-        self._common = (held, len(held), prompt_ids, len(prompt_ids), common)
+        return self.know_common(prompt_ids, common_prefix_length(held, prompt_ids))
+
+    def know_common(self, prompt_ids: list[int], common: int) -> int:
+        """Remember ``common``, the caller's common prefix of the held ids and ``prompt_ids``
+        (a conversation just installed, compared as a candidate), for :meth:`common_with`."""
+        self._common = (self.held_ids, len(self.held_ids), prompt_ids, len(prompt_ids), common)
         return common
 
     def _execute(self, plan: ReusePlan, request: GenerationRequest) -> tuple[Any, bool]:
@@ -200,12 +205,12 @@ class Generator:
             self.checkpoints.clear()
         elif plan.action is Action.REWIND:
             engine.rewind(plan.keep)
-            del self.held_ids[plan.keep:]
+            self.sequence.cut(plan.keep)
             self.checkpoints.drop_after(plan.keep)
         elif plan.action is Action.RESTORE:
             checkpoint = self.checkpoints.get(plan.checkpoint_position)
             logits = engine.restore_checkpoint(checkpoint)
-            del self.held_ids[plan.keep:]
+            self.sequence.cut(plan.keep)
             self.checkpoints.drop_after(plan.keep)
         if self._answer_start is not None and plan.keep < self._answer_start:
             self._answer_start = None  # the cut dropped the last answer (a cancelled prefill keeps none)

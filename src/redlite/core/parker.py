@@ -105,7 +105,7 @@ class Parker:
         parent = LIVE if keep else None
         stats = EntryStats("live", estimate, n, self._clock(), keep, parent, on_device)
         to_disk = self.sessions is not None and self.sessions.eligible(n)
-        hashes = pool.hashes(gen.held_ids) if pool is not None else None
+        hashes = gen.sequence.held_hashes(pool.block) if pool is not None else None
         superseded = self._superseded(gen.held_ids, protected, engine.can_rewind, hashes)
         if not to_disk and (pool is None or not self._admission(stats, superseded, protected).admit):
             log.info("evicted %d tok (%d bytes) from live reason=no-room -> dropped (not copied)",

@@ -12,8 +12,10 @@ Rules (issue "Conversation parking: RAM pool, disk sessions, slot API, restarts"
 - The pool admits and evicts by :func:`redlite.core.eviction.plan_eviction`.
 
 The decisions are pure functions of plain data; :class:`ParkingPool` keeps the entries and a
-:class:`~redlite.core.prefix_index.PrefixIndex` so a lookup hashes the prompt once and compares
-tokens only with the few entries sharing its leading blocks.
+:class:`~redlite.core.prefix_index.PrefixIndex` so a lookup compares tokens only with the few
+entries sharing the prompt's leading blocks, given the hashes of the blocks the prompt shares
+with the live state (:meth:`redlite.core.sequence.Sequence.held_hashes`): its cost follows what
+the prompt adds, not the conversation's length.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class Candidate:
     last_used: float = 0.0
     held_len: int = 0
     session: bool = False
+    common: int | None = None  # its held ids' common prefix with the prompt, where compared
 
 
 _TIER_ORDER = {"live": 0, "slot": 1, "device": 2, "ram": 3, "disk": 4}
@@ -218,13 +221,18 @@ class ParkingPool:
         return EntryStats(entry.key, entry.nbytes, len(entry.held_ids), entry.last_used,
                           entry.base, entry.parent, entry.on_device)
 
+    @property
+    def block(self) -> int:
+        """The prefix index's block (tokens): what :meth:`hashes` hashes."""
+        return self._index.block
+
     def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0,
-                   live_common: int | None = None) -> list[Candidate]:
+                   live_common: int | None = None, known: Sequence[bytes] = ()) -> list[Candidate]:
         """Entries worth considering for ``prompt`` with their usable prefix (verified by token
         comparison); shallower index groups are skipped once they cannot beat the best.
-        live_common: see :func:`entry_usable`."""
+        live_common: see :func:`entry_fit`; known: leading :meth:`hashes` of ``prompt``."""
         return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far,
-                                     live_common)
+                                     live_common, known)
 
     def plan_admission(self, entry: ParkedEntry, protected: frozenset = frozenset()) -> EvictionPlan:
         current = [self.stats(e) for e in self._entries.values()]
@@ -234,6 +242,10 @@ class ParkingPool:
     def hashes(self, ids: Sequence[int]) -> list[bytes]:
         """The index's hashes of ``ids``, computed once for :meth:`prefixes_of` and :meth:`add`."""
         return self._index.hashes(ids)
+
+    def hashes_of(self, key: Hashable) -> list[bytes]:
+        """The index's hashes of entry ``key``'s held ids (empty when absent)."""
+        return self._index.hashes_of(key)
 
     def add(self, entry: ParkedEntry, hashes: list[bytes] | None = None) -> None:
         """Store ``entry`` (the caller has applied :meth:`plan_admission`); its tier is
@@ -257,7 +269,7 @@ class ParkingPool:
         only (an entry others depend on stays). hashes: :meth:`hashes` of ``ids``."""
         parents = {e.parent for e in self._entries.values()}
         out = []
-        for group in self._index.lookup(ids, hashes):
+        for group in self._index.lookup(ids, hashes or ()):
             for key in group.keys:
                 if key in parents:
                     continue
@@ -271,34 +283,37 @@ class ParkingPool:
 
 def candidates_from_index(index: PrefixIndex, entries: dict, prompt: Sequence[int],
                           can_rewind: bool, best_so_far: int = 0,
-                          live_common: int | None = None) -> list[Candidate]:
+                          live_common: int | None = None, known: Sequence[bytes] = ()) -> list[Candidate]:
     """Verify the index's groups for ``prompt``, deepest first, and return the entries with a
     usable prefix > 0. Stops when a group's entries cannot reach the best usable prefix found,
     nor beat ``best_so_far``: the usable prefix of a candidate that wins ties against them
     (the live state's, say). ``entries`` maps key -> object with ``held_ids``,
-    ``checkpoint_positions``, ``tier`` and ``last_used``. live_common: see :func:`entry_usable`."""
+    ``checkpoint_positions``, ``tier`` and ``last_used``. live_common: see :func:`entry_fit`;
+    known: leading chain hashes of ``prompt`` (:meth:`PrefixIndex.lookup`)."""
     found: list[Candidate] = []
     best = best_so_far
     most = len(prompt) - 1 if can_rewind else len(prompt)  # no usable prefix is longer
-    for group in index.lookup(prompt):
+    for group in index.lookup(prompt, known):
         reach = min(group.bound - 1, most)
         if reach < best or reach <= best_so_far:
             break
         for key in group.keys:
             entry = entries[key]
-            usable = entry_usable(entry, prompt, can_rewind, live_common)
+            common, usable = entry_fit(entry, prompt, can_rewind, live_common)
             if usable > 0:
-                found.append(Candidate(key, usable, entry.tier, entry.last_used, len(entry.held_ids)))
+                found.append(Candidate(key, usable, entry.tier, entry.last_used, len(entry.held_ids),
+                                       common=common))
                 best = max(best, usable)
     return found
 
 
-def entry_usable(entry: Any, prompt: Sequence[int], can_rewind: bool,
-                 live_common: int | None = None) -> int:
-    """The :func:`usable_prefix` of a parked entry for ``prompt``; 0 for a tail entry at or
-    below its base (its parent serves as well there). live_common: the common prefix of the
-    trusted live state's held ids and ``prompt``, when known: a tail entry on the live state
-    holds its first ``base`` ids (:mod:`redlite.core.forks`), so only its tail is compared."""
+def entry_fit(entry: Any, prompt: Sequence[int], can_rewind: bool,
+              live_common: int | None = None) -> tuple[int, int]:
+    """(common, usable): the common prefix of a parked entry's held ids and ``prompt``, and its
+    :func:`usable_prefix`; usable is 0 for a tail entry at or below its base (its parent serves
+    as well there). live_common: the common prefix of the trusted live state's held ids and
+    ``prompt``, when known: a tail entry on the live state holds its first ``base`` ids
+    (:mod:`redlite.core.forks`), so only its tail is compared."""
     held = entry.held_ids
     if live_common is not None and getattr(entry, "parent", None) == LIVE:
         common = live_common if entry.base > live_common else \
@@ -307,5 +322,5 @@ def entry_usable(entry: Any, prompt: Sequence[int], can_rewind: bool,
         common = common_prefix_length(held, prompt)
     usable = usable_prefix(len(held), common, len(prompt), can_rewind, entry.checkpoint_positions)
     if getattr(entry, "parent", None) is not None and usable <= getattr(entry, "base", 0):
-        return 0
-    return usable
+        return common, 0
+    return common, usable

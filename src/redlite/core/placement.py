@@ -63,12 +63,14 @@ class SlotView:
 class Placement:
     """Where a request runs: ``slot``; ``source``: the idle slot whose resident conversation's
     first ``keep`` tokens ``slot`` copies to start from (None: no copy); ``reason``: why, for
-    the log line."""
+    the log line; ``common``: the prompt's common prefix with ``slot``'s resident (None: not
+    trusted), compared once here for the request's plan."""
 
     slot: int
     source: int | None = None
     keep: int = 0
     reason: str = ""
+    common: int | None = None  # the prompt's common prefix with ``slot``'s trusted resident
 
 
 def view_fit(view: SlotView, prompt: Sequence[int]) -> tuple[int, int]:
@@ -79,10 +81,12 @@ def view_fit(view: SlotView, prompt: Sequence[int]) -> tuple[int, int]:
     return common, usable_prefix(held, common, len(prompt), view.can_rewind, view.checkpoints)
 
 
-def slot_rank(view: SlotView, prompt: Sequence[int], session_key: str | None) -> tuple:
-    """The sort key of ``view`` for ``prompt`` (the best slot has the largest)."""
+def slot_rank(view: SlotView, prompt: Sequence[int], session_key: str | None,
+              fit: tuple[int, int] | None = None) -> tuple:
+    """The sort key of ``view`` for ``prompt`` (the best slot has the largest); fit: its
+    :func:`view_fit` when the caller has it."""
     held = len(view.held_ids) if view.trusted else 0
-    common, usable = view_fit(view, prompt)
+    common, usable = view_fit(view, prompt) if fit is None else fit
     loses = held > usable
     if view.answer_start is not None and view.answer_start <= held:
         continues = common >= view.answer_start
@@ -106,8 +110,9 @@ def place(views: Sequence[SlotView], prompt: Sequence[int],
     docstring). Raises ValueError when ``views`` is empty."""
     if not views:
         raise ValueError("no idle slot")
-    ranks = {v.index: slot_rank(v, prompt, session_key) for v in views}
-    shared = {v.index: view_fit(v, prompt)[1] for v in views}
+    fits = {v.index: view_fit(v, prompt) for v in views}  # one comparison per slot
+    ranks = {v.index: slot_rank(v, prompt, session_key, fits[v.index]) for v in views}
+    shared = {v.index: fits[v.index][1] for v in views}
     chosen = max(views, key=lambda v: ranks[v.index])
     usable, intact = ranks[chosen.index][:2]
     own = shared[chosen.index]
@@ -117,11 +122,12 @@ def place(views: Sequence[SlotView], prompt: Sequence[int],
         why = f"a fork of its resident ({own} tok kept)"
     else:
         why = f"every idle slot loses its resident; this one keeps {own} tok"
+    common = fits[chosen.index][0] if chosen.trusted else None
     donors = [v for v in views if v.index != chosen.index and shared[v.index] > own]
     if not donors:
-        return Placement(chosen.index, reason=why)
+        return Placement(chosen.index, reason=why, common=common)
     donor = max(donors, key=lambda v: (shared[v.index], v.last_used))
     keep = shared[donor.index]
     return Placement(chosen.index, donor.index, keep,
                      f"{why}; copies {keep} tok of slot {donor.index}, which keeps its "
-                     f"{len(donor.held_ids)} tok")
+                     f"{len(donor.held_ids)} tok", common)

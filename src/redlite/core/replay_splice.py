@@ -25,12 +25,12 @@ from typing import Any, Callable
 
 from redlite.core.chat import ChatRequest
 from redlite.core.replay import GeneratedTurn, ReplayStore
-from redlite.core.tokenizer import RenderedPrompt, message_texts
+from redlite.core.tokenizer import MARKER_LEAD, RenderedPrompt, message_texts
 
 log = logging.getLogger("redlite.replay")
 
 #: the marker of a spliced turn in the marked render (per process; a request holding it gets another)
-_TAG = f"\u2063<replay-{secrets.token_hex(6)}-"
+_TAG = f"{MARKER_LEAD}<replay-{secrets.token_hex(6)}-"
 _HEADER_SLACK = 64  # characters a history header may hold beyond the kept generation prompt
 
 
@@ -76,8 +76,8 @@ def render_with_replay(tokenizer: Any, request: ChatRequest, store: ReplayStore 
     if not found:
         return render(tokenizer, request), 0
     tag = _TAG  # the same each time: the marked render then shares its prefix with the last one
-    if any(tag in text for text in message_texts(request.messages)):
-        tag = f"\u2063<replay-{secrets.token_hex(6)}-"
+    if any(MARKER_LEAD in text and tag in text for text in message_texts(request.messages)):
+        tag = f"{MARKER_LEAD}<replay-{secrets.token_hex(6)}-"
     messages = [{"role": "assistant", "content": f"{tag}{i}>"} if i in found else m
                 for i, m in enumerate(request.messages)]
     marked = render(tokenizer, replace(request, messages=messages))
@@ -97,9 +97,12 @@ def _splice(tokenizer: Any, marked: Any, turns: list[tuple[str, GeneratedTurn]])
         at = text.find(marker, cursor)
         if at < 0:
             return None
-        start = header_start(text[cursor:at], turn.prefix_text)
+        # only the end of the text before the marker can hold the header (not a copy of it all)
+        window = max(cursor, at - len(turn.prefix_text) - _HEADER_SLACK)
+        start = header_start(text[window:at], turn.prefix_text)
         if start is None:
             return None
+        start += window - cursor
         pieces.append(text[cursor:cursor + start])
         regions.append(text[cursor + start:at + len(marker)])
         cursor = at + len(marker)

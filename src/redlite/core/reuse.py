@@ -98,9 +98,9 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int], start: int = 0) -> 
             return limit
         if start and a[start:limit] == b[start:limit]:
             return limit
-    block = 1024
-    while start + block <= limit and a[start:start + block] == b[start:start + block]:
-        start += block
+    for block in (1024, 64, 8):  # blocks of falling size: at most 15 steps of each after the first
+        while start + block <= limit and a[start:start + block] == b[start:start + block]:
+            start += block
     while start < limit and a[start] == b[start]:
         start += 1
     return start

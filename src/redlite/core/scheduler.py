@@ -144,6 +144,8 @@ class Scheduler:
             if chosen.lent:  # its prefix is being copied: the job waits for it
                 return
             self._waiting.popleft()
+            if placement.common is not None and not isinstance(request, EngineTask):
+                chosen.generator.know_common(request.prompt_ids, placement.common)  # not compared again
             chosen.job = job
             self.executed += 1
             log.info("%s placed in slot %d: %s", request.request_id, chosen.index, placement.reason)

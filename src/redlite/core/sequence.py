@@ -10,7 +10,9 @@ replay entries live in the exact-replay store, found by its held ids
 
 The :class:`~redlite.core.generation.Generator` serving the slot changes these fields (with
 :mod:`redlite.core.live_state` and :mod:`redlite.core.forks` when a conversation moves in or
-out); everything else reads them.
+out); everything else reads them. The held ids change only by appending, by :meth:`Sequence.cut`
+or by replacing the list: the prefix index's chain hashes of them (:meth:`Sequence.held_hashes`)
+are kept across requests on that contract, so a request hashes only the blocks it added.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redlite.core.checkpoints import CheckpointStore
+from redlite.core.prefix_index import block_hashes
 
 
 @dataclass
@@ -39,13 +42,39 @@ class Sequence:
     hits: int = 0
     answer_start: int | None = None
     last_used: float = field(default_factory=time.monotonic)
+    # block -> chain hashes of held_ids' leading full blocks (see held_hashes)
+    _chains: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # held ids replaced as a whole (another conversation installed, copied or reset): the
-        # answer start belonged to the old ones
+        # answer start and the hashes belonged to the old ones
         if name == "held_ids" and "held_ids" in self.__dict__:
             object.__setattr__(self, "answer_start", None)
+            object.__setattr__(self, "_chains", {})
         object.__setattr__(self, name, value)
+
+    def cut(self, keep: int) -> None:
+        """Drop the held ids past ``keep`` (and the hashes of the blocks they were in)."""
+        del self.held_ids[keep:]
+        for block, chain in self._chains.items():
+            del chain[keep // block:]
+
+    def held_hashes(self, block: int, blocks: int | None = None) -> list[bytes]:
+        """The chain hashes (:func:`~redlite.core.prefix_index.block_hashes`) of the first
+        ``blocks`` full blocks of the held ids (None: all), in a new list; blocks are hashed
+        once (kept until cut or replaced)."""
+        chain = self._chains.setdefault(block, [])
+        n = len(self.held_ids) // block if blocks is None else min(blocks, len(self.held_ids) // block)
+        if len(chain) < n:
+            chain += block_hashes(self.held_ids, block, limit=n, start=len(chain),
+                                  previous=chain[-1] if chain else b"")
+        return chain[:n]
+
+    def know_hashes(self, block: int, hashes: list[bytes]) -> None:
+        """The caller has the chain hashes of the held ids' leading blocks (an installed
+        conversation's, from its index): kept as :meth:`held_hashes`' start."""
+        if len(hashes) <= len(self.held_ids) // block and len(hashes) > len(self._chains.get(block, ())):
+            self._chains[block] = list(hashes)
 
     def touch(self) -> None:
         """Mark the conversation used now (a request on it ended)."""

@@ -192,8 +192,19 @@ class SessionIndex:
         log.warning("refused file %s reason=%s (%s); moved to %s/", name, error.reason,
                     error.detail, REJECTED)
 
-    def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0) -> list[Candidate]:
+    @property
+    def block(self) -> int:
+        """The prefix index's block (tokens)."""
+        return self._index.block
+
+    def hashes_of(self, key: str) -> list[bytes]:
+        """The index's chain hashes of file ``key``'s held ids (empty when absent)."""
+        return self._index.hashes_of(key)
+
+    def candidates(self, prompt: Sequence[int], can_rewind: bool, best_so_far: int = 0,
+                   known: Sequence[bytes] = ()) -> list[Candidate]:
         """Indexed files with a usable prefix for ``prompt`` (see ParkingPool.candidates),
-        after a :meth:`refresh`."""
+        after a :meth:`refresh`. known: leading chain hashes of ``prompt``."""
         self.refresh()
-        return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far)
+        return candidates_from_index(self._index, self._entries, prompt, can_rewind, best_so_far,
+                                     known=known)

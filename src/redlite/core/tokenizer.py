@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Protocol, Sequence
 
+#: the first character of the markers put into message contents for a marked render (message
+#: boundaries, replay splices): ASCII, so a marked text stays one byte per character (a U+2063
+#: made every copy, concatenation and comparison of a long conversation's text twice as wide),
+#: and not whitespace, so a template's ``trim`` leaves it in place
+MARKER_LEAD = "\x07"
+
 
 class RenderedPrompt:
     """A chat prompt rendered by the chat template and tokenized.

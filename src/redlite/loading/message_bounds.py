@@ -38,6 +38,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
 
+from redlite.core.tokenizer import MARKER_LEAD as _LEAD
+
 #: render(messages, add_generation_prompt) -> text (the template's kwargs already bound)
 Render = Callable[[list, bool], str]
 
@@ -75,8 +77,8 @@ def _candidates(found: list[tuple[int, bool]]) -> list[int]:
 def _marker_prefix(messages: Sequence[dict]) -> str:
     """A marker prefix found in no message's content."""
     while True:
-        prefix = f"\u2063<{secrets.token_hex(6)}:"
-        if not any(prefix in (_content(m) or "") for m in messages):
+        prefix = f"{_LEAD}<{secrets.token_hex(6)}:"
+        if not any(_LEAD in text and prefix in text for text in map(_content, messages) if text):
             return prefix
 
 
@@ -101,20 +103,28 @@ def _strip(text: str, prefix: str) -> _Marked:
     opens: dict[int, int] = {}
     closes: dict[int, int] = {}
     last = removed = 0
-    at = text.find(prefix)
+    at = _find(text, prefix, 0)
     while at >= 0:
         end = text.find(">", at + len(prefix))
         tag = text[at + len(prefix):end] if end >= 0 else ""
         if len(tag) < 2 or tag[0] not in "oc" or not tag[1:].isdecimal():
-            at = text.find(prefix, at + 1)
+            at = _find(text, prefix, at + 1)
             continue
         pieces.append(text[last:at])
         (opens if tag[0] == "o" else closes)[int(tag[1:])] = at - removed
         removed += end + 1 - at
         last = end + 1
-        at = text.find(prefix, last)
+        at = _find(text, prefix, last)
     pieces.append(text[last:])
     return _Marked("".join(pieces), opens, closes)
+
+
+def _find(text: str, prefix: str, start: int) -> int:
+    """``text.find(prefix, start)``, searching for its first character (memchr speed)."""
+    at = text.find(prefix[0], start)
+    while at >= 0 and not text.startswith(prefix, at):
+        at = text.find(prefix[0], at + 1)
+    return at
 
 
 class PrefixRenders:

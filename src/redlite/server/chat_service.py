@@ -256,7 +256,8 @@ class ChatService:
         fmt = self.tool_format if parse_tools else None
         start_in_reasoning = bool(self.reasoning_format) and rendered.text.rstrip().endswith("<think>")
         constraint = self.constraint_of(request, fmt, start_in_reasoning)
-        ids = list(rendered.token_ids)
+        # shared with the render cache's prompt, not copied (nothing changes a prompt's ids in place)
+        ids = rendered.token_ids if type(rendered.token_ids) is list else list(rendered.token_ids)
         parse = ParseOptions(
             tool_format=fmt, reasoning=self.reasoning_format,
             start_in_reasoning=start_in_reasoning, schemas=tool_schemas(request.tools),
