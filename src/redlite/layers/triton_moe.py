@@ -36,12 +36,10 @@ from redlite.layers.triton_gemv import _load_tile, _row_block, _sm_count, _x_til
 #: (block_n, block_k, num_warps, programs_per_sm) of the gate/up kernel (programs_per_sm 0:
 #: one program per row block, else that many per multiprocessor stride over the blocks) and
 #: (block_n, block_i, num_warps) of the down kernel (block_k / block_i: columns per step,
-#: capped at the next power of two of the row length). Gate/up: the fastest of
-#: bench/moe_tune.py's sweep on an H200 in the 35B-A3B shape
-#: (bench/results/hybrid-2026-12-01-nvidia-h200-35b-a3b.md); down: not yet swept since its
-#: tile became a gather of all experts (8 warps keep that [8, 4, 512] tile in registers).
-GATE_UP_CONFIG = (4, 2048, 4, 0)
-DOWN_CONFIG = (4, 512, 8)
+#: capped at the next power of two of the row length): the fastest of bench/moe_tune.py's
+#: sweep on an H200 in the 35B-A3B shape (bench/results/moe-tune-2026-12-03-nvidia-h200.txt).
+GATE_UP_CONFIG = (2, 2048, 4, 4)
+DOWN_CONFIG = (2, 256, 2)
 #: warps of the one-program routing kernel (its reductions span all of them)
 ROUTE_WARPS = 1
 MAX_EXPERTS = 1024
