@@ -1,4 +1,5 @@
-"""The OpenAI Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``.
+"""The OpenAI Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items`` (:mod:`redlite.server.responses_items`).
 
 An adapter (issue 14): the body (plus the stored conversation of ``previous_response_id``) is
 converted into a :class:`~redlite.core.chat.ChatRequest` (:mod:`redlite.server.responses_convert`),
@@ -15,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 
 from redlite.core.chat import ChatOutput, ChatRequest
@@ -27,6 +28,7 @@ from redlite.server.chat_bridge import ChatRun
 from redlite.server.errors import APIError
 from redlite.server.responses_convert import to_chat_request
 from redlite.server.responses_events import ResponseStream, final_status, output_items, response_object
+from redlite.server.responses_items import input_items, page
 from redlite.server.responses_schemas import ResponsesRequest
 from redlite.server.responses_store import ResponseStore
 from redlite.server.wire_common import sse_event
@@ -72,7 +74,8 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
         if not body.store or response["status"] == "failed":
             return
         messages = chat.messages[1:] if body.instructions else list(chat.messages)
-        store.put(response["id"], messages + [assistant_message(output)], response)
+        store.put(response["id"], messages + [assistant_message(output)], response,
+                  input_items(body.input))
 
     async def stream(run: ChatRun, events: ResponseStream, body: ResponsesRequest,
                      chat: ChatRequest, request_id: str) -> AsyncIterator[bytes]:
@@ -126,14 +129,30 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
         keep(body, chat, run.output, response)
         return response
 
+    def not_found(response_id: str) -> APIError:
+        return APIError(404, f"response {response_id!r} not found", "response_id", "not_found")
+
+    def stored(response_id: str):
+        entry = store.get(response_id)
+        if entry is None:
+            raise not_found(response_id)
+        return entry
+
+    @app.get("/v1/responses/{response_id}/input_items", operation_id="list_input_items",
+             summary="The input items of a stored response")
+    async def list_input_items(response_id: str, after: str | None = None,
+                               before: str | None = None, limit: int = Query(20, ge=1, le=100),
+                               order: Literal["asc", "desc"] = "desc",
+                               include: list[str] | None = Query(None)) -> Any:
+        # include names output data (image urls, logprobs ...) that text-only items never carry
+        return page(stored(response_id).input_items, after, before, limit, order)
+
     # one route for both methods, so a 405 names both in its Allow header; documented by
     # redlite.server.wire_openapi.wire_paths (FastAPI would give both methods one operationId)
     @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], include_in_schema=False)
     async def stored_response(request: Request, response_id: str) -> Any:
         if request.method == "GET":
-            stored = store.get(response_id)
-            if stored is not None:
-                return stored.response
-        elif store.delete(response_id):
-            return {"id": response_id, "object": "response.deleted", "deleted": True}
-        raise APIError(404, f"response {response_id!r} not found", "response_id", "not_found")
+            return stored(response_id).response
+        if not store.delete(response_id):
+            raise not_found(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}

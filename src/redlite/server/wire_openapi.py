@@ -51,6 +51,14 @@ DELETED = {"type": "object", "required": ["id", "object", "deleted"],
            "properties": {"id": {"type": "string"}, "object": {"const": "response.deleted"},
                           "deleted": {"const": True}}}
 
+ITEM_LIST = {"type": "object", "required": ["object", "data", "first_id", "last_id", "has_more"],
+             "properties": {"object": {"const": "list"},
+                            "data": {"type": "array", "items": {
+                                "type": "object", "required": ["id", "type"]}},
+                            "first_id": {"type": ["string", "null"]},
+                            "last_id": {"type": ["string", "null"]},
+                            "has_more": {"type": "boolean"}}}
+
 
 def _schema(model, prefix: str, components: dict) -> dict:
     template = "#/components/schemas/" + prefix + ".{model}"
@@ -94,6 +102,8 @@ def wire_routes(components: dict, post_errors: list[int], generation_errors: lis
         ("/v1/responses/{response_id}", "get"): (None, {200: _json(RESPONSE)}, [*common, 404], "Error"),
         ("/v1/responses/{response_id}", "delete"): (None, {200: _json(DELETED)}, [*common, 404],
                                                      "Error"),
+        ("/v1/responses/{response_id}/input_items", "get"): (None, {200: _json(ITEM_LIST)},
+                                                             [*common, 400, 404], "Error"),
     }
 
 
