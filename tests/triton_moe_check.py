@@ -43,8 +43,10 @@ def check_moe_step(device, dtype, tol, gen):
             x = torch.randn(1, hidden, generator=gen).to(device, dtype)
             want = REF.moe(x.clone(), nw, 1e-6, moe)
             # the second steps through the columns (block_k / block_i below the row lengths) and
-            # its gate/up programs stride over the row blocks (one program per multiprocessor)
-            for gate_up, down, route_warps in (((4, 4096, 4, 0), (4, 512, 4), 1), ((2, 32, 8, 1), (8, 16, 2), 4)):
+            # its gate/up programs stride over the row blocks (one program per multiprocessor);
+            # the third is the module's defaults
+            for gate_up, down, route_warps in (((4, 4096, 4, 0), (4, 512, 4), 1), ((2, 32, 8, 1), (8, 16, 2), 4),
+                                               (None, None, None)):
                 got = x.clone()
                 out = triton_moe.moe_step(got, nw, 1e-6, moe, gate_up_config=gate_up, down_config=down,
                                           route_warps=route_warps)
