@@ -50,8 +50,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json")
 
 
-def build_model(work: Path, ctx: int) -> Path:
-    """A tiny random Llama with the bundled model's tokenizer files (and chat template)."""
+def build_model(work: Path, ctx: int, tokenizer: str | None = None) -> Path:
+    """A tiny random Llama with the bundled model's tokenizer files (and chat template), or
+    those in the folder ``tokenizer``."""
     import torch
     import transformers
 
@@ -64,7 +65,7 @@ def build_model(work: Path, ctx: int) -> Path:
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=ctx,
         eos_token_id=2, bos_token_id=1, tie_word_embeddings=True)
     transformers.LlamaForCausalLM(config).eval().save_pretrained(work)
-    source = resolve_model_dir(bundled_model_path())
+    source = Path(tokenizer) if tokenizer else resolve_model_dir(bundled_model_path())
     for name in TOKENIZER_FILES:
         if (source / name).exists():
             shutil.copy(source / name, work / name)
@@ -181,7 +182,7 @@ def breakdown(res: dict, stamps: dict) -> dict:
 def run(args) -> dict:
     ctx = int(max(args.held) * 1.1) + 4096
     work = Path(tempfile.mkdtemp(prefix="request-overhead-"))
-    model = build_model(work / "model", ctx)
+    model = build_model(work / "model", ctx, args.tokenizer)
     trace = work / "trace.jsonl"
     port = _free_port()
     command = [sys.executable, str(Path(__file__).with_name("request_overhead_trace.py")), str(trace), "serve",
@@ -313,6 +314,8 @@ def main() -> None:
                         help="the redlite sources the server runs (e.g. an export of another commit)")
     parser.add_argument("--client", choices=["http.client", "httpx"], default="http.client",
                         help="httpx: the client of bench/serve_gpu.py (its own cost is in the TTFT)")
+    parser.add_argument("--tokenizer", default=None,
+                        help="folder with the tokenizer files (default: the bundled model's)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--keep-trace", default=None, help="copy the server's stamps (JSON lines) here")
     parser.add_argument("--tag", default="cpu")

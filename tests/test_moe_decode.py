@@ -104,9 +104,12 @@ def test_graph_replay_matches_eager_and_float32_on_gpu(dtype, tol):
     got = trace(static)
     assert static.decode_path.startswith("graph/triton"), static.decode_path
     assert_logits_close(trace(eager), got, tol)
-    # the GPU prefill (fla's chunked kernels, cuBLAS) rounds differently from the CPU reference
-    reference = TorchEngine(make_model(), ctx_size=96, device="cpu", dtype=torch.float32, cuda_graphs=False)
-    assert_logits_close(trace(reference), got, max(tol, 1e-2))
+    if dtype is torch.float32:  # in bfloat16 a near-tie in the router picks other experts than
+        # float32 does (a different function, not rounding); the float32 case checks the kernels.
+        # The GPU prefill (fla's chunked kernels, cuBLAS) rounds differently from the CPU reference
+        reference = TorchEngine(make_model(), ctx_size=96, device="cpu", dtype=torch.float32,
+                                cuda_graphs=False)
+        assert_logits_close(trace(reference), got, 1e-2)
 
 
 @pytest.mark.gpu

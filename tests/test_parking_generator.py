@@ -187,6 +187,41 @@ def test_held_hashes_stay_exact_through_forks_restores_and_regenerates(tmp_path,
     chat(gen, follow(A, answer_a, "and then?"))
 
 
+def test_prompt_blocks_are_hashed_with_the_prefill_not_by_the_next_selection(monkeypatch):
+    """A new conversation's prompt blocks are hashed once its prefill is queued (on a GPU the
+    host does it while the device computes), so the regenerate's candidate step hashes at
+    most the blocks the answer added."""
+    import redlite.core.sequence as sequence_module
+
+    gen = make(block=4)
+    messages = [SYSTEM, {"role": "user", "content": "Lighthouses and fog, at length. " * 20}]
+    prompt_len = len(tok.render_chat(messages).token_ids)
+    hashed: list[tuple[int, int]] = []  # (first block, end block) per call, during selections
+    real_hashes = sequence_module.block_hashes
+
+    def counting(ids, block, limit=None, start=0, previous=b""):
+        out = list(real_hashes(ids, block, limit=limit, start=start, previous=previous))
+        hashed.append((start, start + len(out)))
+        return out
+    real_select = gen.parking.select
+    selecting = []
+
+    def select(*args, **kwargs):
+        selecting.append(True)
+        try:
+            return real_select(*args, **kwargs)
+        finally:
+            selecting.pop()
+    monkeypatch.setattr(gen.parking, "select", select)
+    monkeypatch.setattr(sequence_module, "block_hashes",
+                        lambda *a, **k: counting(*a, **k) if selecting else real_hashes(*a, **k))
+    chat(gen, messages)
+    hashed.clear()
+    _, result = chat(gen, messages)  # regenerate: the old answer's tail is parked
+    assert result.cached_tokens == prompt_len - 1
+    assert hashed and all(first >= (prompt_len - 1) // 4 for first, _ in hashed), hashed
+
+
 def test_entries_longer_than_the_context_are_not_candidates(caplog):
     caplog.set_level(logging.INFO)
     gen = make()

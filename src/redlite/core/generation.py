@@ -245,6 +245,8 @@ class Generator:
                     self.checkpoints.add(checkpoint, pinned=end == preamble)
         if len(ends) > 1 or not engine.can_rewind:
             log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
+        if self.parking is not None:
+            self.parking.hash_held(self)  # while the device runs the prefill
         return logits, True
 
     def _min_piece(self) -> int:

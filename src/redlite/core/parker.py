@@ -77,6 +77,14 @@ class Parker:
         self._gen = gen
         self.lineage.release_live(gen, keep)
 
+    def hash_held(self, gen: "Generator") -> None:
+        """Hash the held ids' full blocks for the tiers' indexes now (kept by the sequence).
+        Called once a prefill is queued: on a GPU the host does it while the device computes,
+        instead of in the next request's candidate step (~1-2 ms per 32k new tokens)."""
+        for tier in (self.pool, self.sessions):
+            if tier is not None:
+                gen.sequence.held_hashes(tier.block)
+
     def park_live(self, gen: "Generator", protected: frozenset, keep: int = 0) -> None:
         """Park what the live conversation holds past ``keep`` tokens (never raises; logged):
         the whole state when ``keep`` is 0, else a tail entry on the live prefix (see
