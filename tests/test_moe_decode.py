@@ -106,10 +106,12 @@ def test_graph_replay_matches_eager_and_float32_on_gpu(dtype, tol):
     assert_logits_close(trace(eager), got, tol)
     if dtype is torch.float32:  # in bfloat16 a near-tie in the router picks other experts than
         # float32 does (a different function, not rounding); the float32 case checks the kernels.
-        # The GPU prefill (fla's chunked kernels, cuBLAS) rounds differently from the CPU reference
+        # The GPU prefill differs from the CPU reference by rounding: fla's chunked kernels take
+        # TF32 products (10-bit mantissa), seen up to 1.3% of the largest logit; a wrong expert
+        # or position costs tens of percent
         reference = TorchEngine(make_model(), ctx_size=96, device="cpu", dtype=torch.float32,
                                 cuda_graphs=False)
-        assert_logits_close(trace(reference), got, 1e-2)
+        assert_logits_close(trace(reference), got, 5e-2)
 
 
 @pytest.mark.gpu
