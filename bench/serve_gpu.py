@@ -408,7 +408,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="1b,8b")
     parser.add_argument("--tokenizer", default=None, help="directory with tokenizer.json")
-    parser.add_argument("--held", default="1024,6144", help="held sizes for the TTFT cases, tokens")
+    parser.add_argument("--held", default="1024,8192,32768", help="held sizes for the TTFT cases, tokens")
     parser.add_argument("--prompt", type=int, default=1024, help="decode requests' prompt, tokens")
     parser.add_argument("--decode", type=int, default=256, help="tokens per decode request")
     parser.add_argument("--rounds", type=int, default=5,
