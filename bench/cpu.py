@@ -35,6 +35,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -207,6 +208,27 @@ def model_path(name: str) -> Path:
     raise SystemExit(f"unknown model {name!r}")
 
 
+def interleaved_decode(path: Path, ctx: int, args, bench: Path) -> dict:
+    """``args.interleave`` pairs of decode runs (``args.gen`` tokens after a 16-token prompt, one
+    run each), redlite and llama.cpp alternating which goes first: on a shared machine the
+    neighbours' load moves both sides of a pair alike. Returns both sides' rates per pair, their
+    medians, and the median of the per-pair ratios."""
+    ours, theirs = [], []
+    for i in range(args.interleave):
+        def run_ours():
+            ours.append(redlite(path, ctx, args.threads, [16], args.gen, 1, args.activations)["decode_tps"])
+
+        def run_theirs():
+            theirs.append(llama_bench(bench, path, args.threads, [0], args.gen, 1)["decode_tps"])
+        for run in ((run_ours, run_theirs) if i % 2 == 0 else (run_theirs, run_ours)):
+            run()
+        print(f"pair {i + 1}: redlite {ours[-1]:.1f}, llama.cpp {theirs[-1]:.1f} tok/s", flush=True)
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    return {"redlite_tps": ours, "llama_cpp_tps": theirs, "redlite_median": statistics.median(ours),
+            "llama_cpp_median": statistics.median(theirs), "ratio_median": statistics.median(ratios),
+            "ratio_range": [min(ratios), max(ratios)]}
+
+
 def load_average() -> str:
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
@@ -229,7 +251,9 @@ def measure(name: str, args, bench: Path, server: Path | None) -> dict:
     theirs = llama_bench(bench, path, args.threads, prompts, args.gen, args.reps)
     gguf_bytes = path.stat().st_size
     top = str(max(prompts))
+    pairs = interleaved_decode(path, ctx, args, bench) if args.interleave else None
     return {
+        **({"interleaved_decode": pairs} if pairs else {}),
         "gguf_bytes": gguf_bytes, "prompts": prompts, "decode_tokens": args.gen, "reps": args.reps, "ctx": ctx,
         "load_average": load_average(), "redlite": ours, "llama_cpp": theirs,
         "cold_start_s": {"redlite": ours_start, "llama_server": theirs_start},
@@ -254,6 +278,8 @@ def main() -> None:
                         help="decode products on 16-bit activations (redlite's default; the float32 "
                              "reference's text on the regression prompts), float32 ones, or 8-bit "
                              "ones, as llama.cpp computes them")
+    parser.add_argument("--interleave", type=int, default=0,
+                        help="then N decode runs of each side, alternating (a fairer ratio on a shared machine)")
     parser.add_argument("--llama-bin", help="folder holding llama-bench and llama-server")
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--machine", default=platform.node(),
@@ -316,6 +342,12 @@ def markdown(run: dict) -> str:
                   "when done.", "", "| figure | redlite | llama.cpp | ratio |", "|---|---|---|---|",
                   f"| decode tokens/s | {ours['decode_tps']:.1f} | {theirs['decode_tps']:.1f} | "
                   f"{e['decode_ratio_vs_llama_cpp']:.2f}x |"]
+        pairs = e.get("interleaved_decode")
+        if pairs:
+            lines.append(f"| decode tokens/s, {len(pairs['redlite_tps'])} "
+                         f"interleaved runs each (medians; ratio: median of the pairs' ratios, range "
+                         f"{pairs['ratio_range'][0]:.2f}-{pairs['ratio_range'][1]:.2f}) | {pairs['redlite_median']:.1f} | "
+                         f"{pairs['llama_cpp_median']:.1f} | {pairs['ratio_median']:.2f}x |")
         for p, ratio in e["prefill_ratios_vs_llama_cpp"].items():
             lines.append(f"| prefill tokens/s ({p}) | {ours['prefill_tps'][p]:.1f} | {theirs['prefill_tps'][p]:.1f} | "
                          f"{ratio:.2f}x |")
