@@ -31,11 +31,16 @@ def byte_level_table() -> dict[str, int]:
 
 
 def _decoder_kinds(backend: Any) -> set[str]:
-    """The ``type`` names of the backend's decoder (and of its steps, for a Sequence)."""
+    """The ``type`` names of the backend's decoder (and of its steps, for a Sequence), from
+    the decoder's own JSON (not the whole tokenizer's: megabytes for a large vocabulary)."""
     try:
-        decoder = json.loads(backend.to_str()).get("decoder") or {}
-    except (ValueError, AttributeError):
-        return set()
+        state = backend.decoder.__getstate__() if backend.decoder is not None else b"{}"
+        decoder = json.loads(state) or {}
+    except (ValueError, AttributeError, TypeError):
+        try:
+            decoder = json.loads(backend.to_str()).get("decoder") or {}
+        except (ValueError, AttributeError):
+            return set()
     steps = decoder.get("decoders") or [decoder]
     return {str(step.get("type")) for step in steps if isinstance(step, dict)}
 

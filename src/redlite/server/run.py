@@ -33,6 +33,7 @@ from redlite.server.security import security_from_args
 from redlite.server.slots import SlotService
 from redlite.server.http_protocol import HeaderTimeoutProtocol
 from redlite.server.shutdown import Stopper, leave
+from redlite.server.tokenizer_prep import start_tokenizer_prep
 
 log = logging.getLogger("redlite")
 
@@ -96,6 +97,7 @@ class BuiltServer:
     worker: EngineWorker | Scheduler
     parking: Conversations
     model_id: str
+    tokenizer: Any = None
 
 
 def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
@@ -148,17 +150,17 @@ def build_server(args: argparse.Namespace, security=None) -> BuiltServer:
                         chat_options=ChatOptions(args.tool_parser, args.reasoning_parser,
                                                  replay=args.replay),
                         metrics=args.metrics)
-    return BuiltServer(create_app(state), worker, parking, engine.model_id)
+    return BuiltServer(create_app(state), worker, parking, engine.model_id, tokenizer)
 
 
 class _Server(uvicorn.Server):
     """uvicorn's server, plus: stop signals go through the process's :class:`Stopper` (the
     first stops the engine worker before uvicorn stops; a later one forces uvicorn out, whatever
-    the signal); log cold start."""
+    the signal); log cold start, then call ``after_start()`` (when given)."""
 
-    def __init__(self, config: uvicorn.Config, stopper: Stopper, cold_start) -> None:
+    def __init__(self, config: uvicorn.Config, stopper: Stopper, cold_start, after_start=None) -> None:
         super().__init__(config)
-        self._stopper, self._cold_start = stopper, cold_start
+        self._stopper, self._cold_start, self._after_start = stopper, cold_start, after_start
 
     def handle_exit(self, sig, frame) -> None:
         self._stopper.handle(sig, frame)
@@ -174,6 +176,8 @@ class _Server(uvicorn.Server):
         if self.started:
             log.info("listening on http://%s:%d (cold start %.2f s from process start)",
                      self.config.host, self.config.port, self._cold_start())
+            if self._after_start is not None:
+                self._after_start()
 
 
 def freeze_imported_modules(engine: str) -> int:
@@ -267,7 +271,8 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
                             log_level="warning", timeout_graceful_shutdown=10,
                             http=HeaderTimeoutProtocol)
     config.header_timeout_s = args.header_timeout_s
-    server = _Server(config, stopper, process_age_s)
+    server = _Server(config, stopper, process_age_s,
+                     after_start=lambda: start_tokenizer_prep(built.tokenizer))
     stopper.on_first += [lambda: worker.shutdown(wait_s=0.0), server.stop]
     stopper.on_second.append(server.force)
     if not stopper.requested.is_set():
