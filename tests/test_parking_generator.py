@@ -222,6 +222,32 @@ def test_prompt_blocks_are_hashed_with_the_prefill_not_by_the_next_selection(mon
     assert hashed and all(first >= (prompt_len - 1) // 4 for first, _ in hashed), hashed
 
 
+def test_a_forks_parked_tail_enters_the_pool_after_the_prefill_is_queued(monkeypatch):
+    """A regenerate copies the old answer's tail before the cut, but the pool's bookkeeping
+    (admission, index, log) waits until the new prefill is queued; the entry is then parked
+    as before, and a failing prefill does not lose it."""
+    gen = make(block=4)
+    messages = [SYSTEM, {"role": "user", "content": "Lighthouses and fog."}]
+    answer, _ = chat(gen, messages)
+    order = []
+    real_add, real_prefill = gen.parking.pool.add, gen.engine.prefill
+    monkeypatch.setattr(gen.parking.pool, "add", lambda *a, **k: order.append("pool") or real_add(*a, **k))
+    monkeypatch.setattr(gen.engine, "prefill", lambda ids: order.append("prefill") or real_prefill(ids))
+    chat(gen, messages)  # regenerate: the answer's tail is parked
+    assert order == ["prefill", "pool"]
+    assert len(gen.parking.pool) == 1
+    _, restored = chat(gen, follow(messages, answer, "and then?"))  # the parked answer is used
+    assert restored.cached_tokens >= len(tok.render_chat(messages).token_ids) + len(answer.encode()) - 8
+
+    def failing(ids):
+        raise RuntimeError("device lost")
+    monkeypatch.setattr(gen.engine, "prefill", failing)
+    held = list(gen.held_ids)
+    with pytest.raises(RuntimeError):
+        chat(gen, messages)  # a fork again: its tail is copied, then the prefill fails
+    assert any(entry.held_ids == held for entry in gen.parking.pool.entries())
+
+
 def test_entries_longer_than_the_context_are_not_candidates(caplog):
     caplog.set_level(logging.INFO)
     gen = make()

@@ -109,7 +109,7 @@ class Conversations(Parker):
             if choice is None or choice.key == LIVE:
                 kept = choice.usable if choice is not None else 0
                 if self._live_would_lose(gen, live_common, kept):
-                    self.park_live(gen, frozenset(), keep=kept)
+                    self.park_live(gen, frozenset(), keep=kept, defer=True)
                 return
             if choice.tier == "slot":
                 self._copy(gen, source, choice.usable, live_common, request_id)

@@ -245,8 +245,6 @@ class Generator:
                     self.checkpoints.add(checkpoint, pinned=end == preamble)
         if len(ends) > 1 or not engine.can_rewind:
             log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
-        if self.parking is not None:
-            self.parking.hash_held(self)  # while the device runs the prefill
         return logits, True
 
     def _min_piece(self) -> int:
@@ -295,14 +293,9 @@ class Generator:
             matcher = GrammarMatcher(params.constraint, grammar_tokenizer(self.tokenizer))
         return HostLoop(self.engine, self.engine.make_sampler(params, request.prompt_ids, matcher), logits)
 
-    def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
-        started = self._clock()
-        if self.parking is not None and self.settings.reuse and index == 0:
-            adopt_held_spelling(self, request)  # the live state's spelling first, then selection
-            if len(request.prompt_ids) <= self.engine.max_context:
-                # candidate selection: the live state or a parked conversation (never raises)
-                self.parking.select(self, request.prompt_ids, request.request_id, request.session_key)
-        selected = self._clock()
+    def _plan_and_execute(self, request: GenerationRequest, index: int) -> tuple[ReusePlan, float, Any, bool]:
+        """Plan the request on the held state (logging a cache miss) and bring the engine to
+        the prompt's end: ``(plan, clock when planned, logits, complete)`` (see :meth:`_execute`)."""
         plan = adopt_held_spelling(self, request)
         prompt = request.prompt_ids
         if len(prompt) > self.engine.max_context:
@@ -324,6 +317,22 @@ class Generator:
             log.info("%s %s", request.request_id, line)
         planned = self._clock()
         logits, complete = self._execute(plan, request)
+        return plan, planned, logits, complete
+
+    def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
+        started = self._clock()
+        if self.parking is not None and self.settings.reuse and index == 0:
+            adopt_held_spelling(self, request)  # the live state's spelling first, then selection
+            if len(request.prompt_ids) <= self.engine.max_context:
+                # candidate selection: the live state or a parked conversation (never raises)
+                self.parking.select(self, request.prompt_ids, request.request_id, request.session_key)
+        selected = self._clock()
+        try:
+            plan, planned, logits, complete = self._plan_and_execute(request, index)
+        finally:  # host work left from the candidate step, while the device runs the prefill
+            if self.parking is not None:
+                self.parking.settle(self)
+        prompt = request.prompt_ids
         ttft_ms = (self._clock() - started) * 1000.0
         if not complete:
             log.info("%s generated 0 tok, finish cancelled, held %d tok", request.request_id,

@@ -54,6 +54,7 @@ class Parker:
         # live state of one slot among several)
         self.tails = True
         self.replay = None  # exact replay's turns (ReplayStore; Conversations.attach_replay)
+        self._pending = None  # a deferred park_live's bookkeeping: (gen, park() arguments)
 
     def _with_turns(self, entry: ParkedEntry) -> ParkedEntry:
         """``entry`` with the store's turns its held ids hold added to its own."""
@@ -77,21 +78,35 @@ class Parker:
         self._gen = gen
         self.lineage.release_live(gen, keep)
 
-    def hash_held(self, gen: "Generator") -> None:
-        """Hash the held ids' full blocks for the tiers' indexes now (kept by the sequence).
-        Called once a prefill is queued: on a GPU the host does it while the device computes,
-        instead of in the next request's candidate step (~1-2 ms per 32k new tokens)."""
-        for tier in (self.pool, self.sessions):
-            if tier is not None:
-                gen.sequence.held_hashes(tier.block)
+    def settle(self, gen: "Generator") -> None:
+        """Called once ``gen``'s prefill is queued (or its request failed before): the host
+        work left from its candidate step, done while a GPU computes instead of before the
+        prefill starts. The deferred bookkeeping of a parked tail (``park_live(defer=True)``:
+        admission, evictions, the pool's index, the log line), then the prefix index's hashes
+        of the held ids' full blocks (kept by the sequence; else the next request's candidate
+        step would hash a new conversation whole). Never raises (logged)."""
+        pending, self._pending = self._pending, None
+        try:
+            if pending is not None and pending[0] is gen:
+                entry, protected, can_rewind, copy_s, hashes, superseded = pending[1]
+                self.park(self._with_turns(entry), protected, can_rewind, self._timer() - copy_s,
+                          hashes, superseded)
+            for tier in (self.pool, self.sessions):
+                if tier is not None:
+                    gen.sequence.held_hashes(tier.block)
+        except Exception:  # noqa: BLE001 - the next candidate step sees the pool as it is
+            log.exception("parking bookkeeping failed")
 
-    def park_live(self, gen: "Generator", protected: frozenset, keep: int = 0) -> None:
+    def park_live(self, gen: "Generator", protected: frozenset, keep: int = 0,
+                  defer: bool = False) -> None:
         """Park what the live conversation holds past ``keep`` tokens (never raises; logged):
         the whole state when ``keep`` is 0, else a tail entry on the live prefix (see
         :mod:`redlite.core.forks`). On the device while ``--park-device-mib`` has room for it
         (engines with device memory), else in host memory. The size is checked first
         (``Engine.range_nbytes``): a state that neither the pool would admit nor the disk tier
-        would take is dropped without being copied."""
+        would take is dropped without being copied. ``defer``: for a tail entry that no other
+        entry depends on past ``keep``, only the copy is made now; the rest waits for
+        :meth:`settle` (the entry is not in the pool until then)."""
         started = self._timer()
         self._gen = gen
         n = len(gen.held_ids)
@@ -134,6 +149,12 @@ class Parker:
                     entry = capture_tail(gen, key, self._clock(), keep, False)
         except Exception as error:
             log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
+            return
+        if defer and entry.is_tail and self.tails and pool is not None and \
+                not any(e.base > keep for e in pool.children(LIVE)):
+            # the cut that follows releases nothing, so the pool may learn of the entry later
+            self._pending = (gen, (entry, protected, engine.can_rewind, self._timer() - started,
+                                   hashes, superseded))
             return
         self.park(self._with_turns(entry), protected, engine.can_rewind, started, hashes, superseded)
 
