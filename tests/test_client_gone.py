@@ -127,3 +127,41 @@ def test_a_client_leaving_a_stream_logs_its_token_counts(parallel, caplog):
     assert f"prompt={prompt} reused=0 generated={generated}" in access.getMessage()
     assert 3 < generated < 400
     assert access.access["generated"] == generated and access.access["ms"] < 2000
+
+
+@pytest.mark.parametrize("parallel", [1, 4])
+def test_a_prefill_left_midway_counts_what_was_read(parallel, caplog):
+    """The client leaves during the prefill: the access line, ``/metrics`` and
+    ``/dashboard/data`` count the prompt tokens that were read (not the whole prompt's rest), and
+    a request that never reached its first token adds no time-to-first-token observation."""
+    from inprocess import async_client
+    from test_metrics import value
+    from prometheus_client.parser import text_string_to_metric_families
+
+    state = echo_state(engine=EchoEngine(prefill_delay_ms=1.0), parallel=parallel, prefill_chunk=200)
+    app = create_app(state)
+    body = json.dumps({"messages": [{"role": "user", "content": "many words in a prompt " * 100}],
+                       "max_tokens": 4}).encode()
+
+    async def observe():
+        async with async_client(app) as client:
+            metrics = (await client.get("/metrics")).text
+            return metrics, (await client.get("/dashboard/data")).json()
+
+    try:
+        with caplog.at_level("INFO", logger="redlite"):
+            leave_after(app, body, 0.5)
+            metrics, data = asyncio.run(observe())
+    finally:
+        state.worker.shutdown(wait_s=2.0)
+    stopped = next(m for m in caplog.messages if "prefill stopped at" in m)
+    kept, prompt = (int(stopped.split("prefill stopped at ")[1].split()[i]) for i in (0, 2))
+    assert 0 < kept < prompt
+    access = next(r for r in caplog.records if r.name == "redlite.access")
+    assert access.access["status"] == 499 and access.access["prefilled"] == kept
+    m = {(s.name, tuple(sorted(s.labels.items()))): s.value
+         for f in text_string_to_metric_families(metrics) for s in f.samples}
+    assert value(m, "redlite_tokens_total", kind="prompt") == prompt
+    assert value(m, "redlite_tokens_total", kind="prefilled") == kept
+    assert value(m, "redlite_time_to_first_token_seconds_count") == 0
+    assert data["recent"][0]["prefilled"] == kept

@@ -95,12 +95,23 @@ def test_stream_failure_is_response_failed(echo):
     ({"input": "x", "temperature": 9}, "temperature"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:"}]}]}, "input.0.content.0"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    # an error of the shared chat service names the Responses field, not the chat one
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "s",
+                                        "schema": {"type": "nonsense"}}}}, "text.format"),
 ])
 def test_errors_in_openai_shape(echo, body, param):
     r = echo.client.post("/v1/responses", json={"model": "m", **body})
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_prompt_too_long_names_input():
+    with EchoApp(max_context=64) as small:
+        r = small.client.post("/v1/responses", json={"model": "m", "input": "x" * 100})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["param"] == "input"
 
 
 def test_delete_stored_response(echo):

@@ -88,7 +88,9 @@ class GenerationResult:
     index: the choice (0-based; the request's last choice is ``n - 1``).
     logprobs: with ``SamplingParams.logprobs`` set, one record per generated token (the
     end-of-turn token excluded), else None. answer_ids: the generated token ids (the
-    end-of-turn token excluded; for exact replay, :mod:`redlite.core.replay`)."""
+    end-of-turn token excluded; for exact replay, :mod:`redlite.core.replay`).
+    prefilled_tokens: prompt tokens read by this request (``prompt_tokens - cached_tokens``,
+    the default; fewer for a prefill cancelled part-way, which also has no first token)."""
 
     finish_reason: str
     prompt_tokens: int
@@ -101,6 +103,16 @@ class GenerationResult:
     index: int = 0
     logprobs: list[TokenLogprob] | None = None
     answer_ids: list[int] = field(default_factory=list)
+    prefilled_tokens: int = -1
+
+    def __post_init__(self) -> None:
+        if self.prefilled_tokens < 0:
+            self.prefilled_tokens = self.prompt_tokens - self.cached_tokens
+
+    @property
+    def prefill_complete(self) -> bool:
+        """Whether the whole prompt was read (a first token could follow)."""
+        return self.cached_tokens + self.prefilled_tokens >= self.prompt_tokens
 
 
 @dataclass
@@ -338,7 +350,8 @@ class Generator:
             log.info("%s generated 0 tok, finish cancelled, held %d tok", request.request_id,
                      len(self.held_ids))
             self.sequence.touch()
-            yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan)
+            yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan,
+                                   prefilled_tokens=max(0, len(self.held_ids) - plan.keep))
             return
         log.info("%s prefill %d tok (%d cached) ttft %.1f ms (select %.1f, plan %.1f, engine %.1f)%s",
                  request.request_id, plan.prefill, plan.keep, ttft_ms, 1e3 * (selected - started),

@@ -163,10 +163,11 @@ def access_record(scope, context: RequestContext) -> dict:
               "status": context.status,
               "ms": round(((context.ended or time.perf_counter()) - context.started) * 1000.0, 3),
               "session_key": context.session_key}
+    first = next((r for r in context.results if not getattr(r, "index", 0)), None)
     if context.tokens is not None:
         prompt, reused, generated = context.tokens
-        record.update(prompt=prompt, reused=reused, prefilled=prompt - reused, generated=generated)
-    first = next((r for r in context.results if not getattr(r, "index", 0)), None)
+        prefilled = first.prefilled_tokens if first is not None else prompt - reused
+        record.update(prompt=prompt, reused=reused, prefilled=prefilled, generated=generated)
     if first is not None:
         plan = getattr(first, "plan", None)
         reason = getattr(plan, "reason", None)

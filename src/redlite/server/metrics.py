@@ -6,9 +6,11 @@ apps). Counted once per request, when the access middleware ends it (no per-toke
 - ``redlite_requests_total{route,method,status}``: route is the matched path template
   (``/v1/models/{model_id}``), ``unmatched`` for a 404 outside every route;
 - ``redlite_tokens_total{kind}``: kind ``prompt``, ``reused`` (held state kept), ``prefilled``
-  (prompt - reused) for each request's first choice; ``generated`` for every choice;
+  (prompt tokens read: prompt - reused, less for a prefill left midway) for each request's
+  first choice; ``generated`` for every choice;
 - ``redlite_time_to_first_token_seconds`` and ``redlite_time_per_output_token_seconds``
-  histograms (TPOT = 1 / the decode rate, choices with >= 2 tokens);
+  histograms (TTFT of requests whose prompt was read in full; TPOT = 1 / the decode rate,
+  choices with >= 2 tokens);
 - ``redlite_cache_misses_total{action,reason}``: reuse plans that were not a plain extension
   (:class:`redlite.core.reuse.ReusePlan`), first choices only.
 
@@ -147,8 +149,9 @@ class ServerMetrics:
                 continue
             self.tokens.labels("prompt").inc(result.prompt_tokens)
             self.tokens.labels("reused").inc(result.cached_tokens)
-            self.tokens.labels("prefilled").inc(result.prompt_tokens - result.cached_tokens)
-            self.ttft.observe(result.ttft_ms / 1000.0)
+            self.tokens.labels("prefilled").inc(result.prefilled_tokens)
+            if result.prefill_complete:  # a prefill left midway has no first token
+                self.ttft.observe(result.ttft_ms / 1000.0)
             plan = result.plan
             reason = plan.reason.value if plan is not None and plan.reason is not None else None
             if reason is not None:
@@ -159,7 +162,7 @@ class ServerMetrics:
                               reused_tokens=result.cached_tokens)
             self.recent.append({"route": route_of(scope), "status": status,
                                 "prompt": result.prompt_tokens, "reused": result.cached_tokens,
-                                "prefilled": result.prompt_tokens - result.cached_tokens,
+                                "prefilled": result.prefilled_tokens,
                                 "generated": result.completion_tokens,
                                 "ttft_ms": round(result.ttft_ms, 3), "miss_reason": reason})
 

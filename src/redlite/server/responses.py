@@ -26,7 +26,7 @@ from redlite.server.access import context_of
 from redlite.server.anthropic import parse_body
 from redlite.server.chat_bridge import ChatRun
 from redlite.server.errors import APIError
-from redlite.server.responses_convert import to_chat_request
+from redlite.server.responses_convert import responses_param, to_chat_request
 from redlite.server.responses_events import ResponseStream, final_status, output_items, response_object
 from redlite.server.responses_items import input_items, page
 from redlite.server.responses_schemas import ResponsesRequest
@@ -117,7 +117,11 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
         encrypted = "reasoning.encrypted_content" in (body.include or [])
         meta = _meta(body, chat, state.model_id)
         run = ChatRun(state, request, chat)
-        await run.start()
+        try:
+            await run.start()
+        except APIError as error:
+            error.param = responses_param(error.param)
+            raise
         if body.stream:
             return StreamingResponse(stream(run, ResponseStream(meta, encrypted), body, chat,
                                                     context.request_id),

@@ -27,7 +27,8 @@ json_object / json_schema -> ``response_format`` (a 400 while ``response_format`
 :data:`redlite.server.schemas.UNSUPPORTED_FIELDS`). ``max_output_tokens`` -> ``max_tokens``;
 ``prompt_cache_key`` -> the session key.
 
-Errors: :class:`redlite.server.errors.APIError` (400) naming the offending field.
+Errors: :class:`redlite.server.errors.APIError` (400) naming the offending field; an error of
+the chat service names a chat field, which :func:`responses_param` turns into the Responses one.
 """
 
 from __future__ import annotations
@@ -176,6 +177,20 @@ def _response_format(body: ResponsesRequest) -> dict | None:
             raise APIError(400, "text.format.schema: required for json_schema", "text.format.schema")
         return {"type": "json_schema", "schema": fmt["schema"], "strict": bool(fmt.get("strict"))}
     raise APIError(400, f"text.format.type: unsupported format {kind!r}", "text.format.type")
+
+
+CHAT_TO_RESPONSES = {"messages": "input", "response_format": "text.format",
+                     "max_tokens": "max_output_tokens"}
+"""chat request field -> the Responses field it was converted from (where the names differ)."""
+
+
+def responses_param(param: str | None) -> str | None:
+    """The Responses field a chat service error's ``param`` names (its first dotted segment
+    renamed by :data:`CHAT_TO_RESPONSES`; message indices do not carry over, so they go too)."""
+    if param is None:
+        return None
+    head = param.split(".", 1)[0]
+    return CHAT_TO_RESPONSES.get(head, param)
 
 
 def to_chat_request(body: ResponsesRequest, history: list[dict] | None = None) -> ChatRequest:
