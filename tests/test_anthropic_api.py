@@ -245,3 +245,27 @@ def test_forced_tool_choice(echo):
                                         tool_choice={"type": "tool", "name": "ls"},
                                         messages=[{"role": "user", "content": call_text("ls", {"path": "/"})}])
     assert [b.type for b in message.content] == ["tool_use"] and message.content[0].input == {"path": "/"}
+
+
+def test_a_final_assistant_message_is_a_prefill_the_answer_continues(echo):
+    from redlite.core.byte_tokenizer import ByteTokenizer
+
+    client = sdk(echo)
+    user = {"role": "user", "content": "count to five"}
+    prefill = {"role": "assistant", "content": "1, 2,"}
+    expected = ByteTokenizer().render_chat([user]).token_ids + list(b"1, 2,")
+    counted = client.messages.count_tokens(model="m", messages=[user, prefill])
+    assert counted.input_tokens == len(expected)  # no end of turn after the prefill
+    message = client.messages.create(model="m", max_tokens=40, messages=[user, prefill])
+    assert message.content[0].text == "count to five"  # the echo's answer only, not the prefill
+    assert echo.engine.held_ids[:len(expected)] == expected
+    # the client joins prefill and answer: the next turn extends the held state
+    history = [user, {"role": "assistant", "content": "1, 2," + message.content[0].text},
+               {"role": "user", "content": "again"}]
+    again = client.messages.create(model="m", max_tokens=40, messages=history)
+    assert again.usage.cache_read_input_tokens >= len(expected)
+    # an empty final assistant message is no prefill; trailing whitespace is refused
+    empty = client.messages.count_tokens(model="m", messages=[user, {"role": "assistant", "content": ""}])
+    assert empty.input_tokens == len(ByteTokenizer().render_chat([user]).token_ids)
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        client.messages.create(model="m", max_tokens=5, messages=[user, {"role": "assistant", "content": "1, "}])

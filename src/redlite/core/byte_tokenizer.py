@@ -97,6 +97,10 @@ class ByteTokenizer:
             return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
         return b"".join(self.token_bytes(t) or b"" for t in token_ids).decode("utf-8", errors="replace")
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of message text as :meth:`render_chat` writes content: its UTF-8 bytes."""
+        return list(text.encode("utf-8"))
+
     def encode_rendered(self, text: str) -> list[int]:
         """Ids of rendered template text (as :meth:`render_chat` tokenizes it)."""
         return self.encode(text)

@@ -44,6 +44,9 @@ class ChatRequest:
         "schema": {...}, "strict": bool}`` (constrained decoding of the content).
     logprobs: None (off) or how many top alternatives to report per token (0 = only the token).
     session_key: the client's session identity when it sent one (headers or body fields).
+    continue_final: the last message is an assistant prefill (non-empty text content) that the
+        answer continues (Anthropic's semantics): rendered without its end of turn, and the
+        answer holds only the continuation.
     """
 
     messages: list[dict]
@@ -58,6 +61,7 @@ class ChatRequest:
     logprobs: int | None = None
     n: int = 1
     session_key: str | None = None
+    continue_final: bool = False
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:24]}")
 
 

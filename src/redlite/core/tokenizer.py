@@ -143,4 +143,9 @@ class Tokenizer(Protocol):
         one per prefix); safe to call from several threads at once."""
         ...
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of message text as the chat template's content is tokenized (special-token text
+        as plain text, no BOS): the assistant prefill a continued answer follows."""
+        ...
+
     def incremental_decoder(self) -> IncrementalDecoder: ...

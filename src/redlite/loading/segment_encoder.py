@@ -137,6 +137,12 @@ class SegmentEncoder:
         rest = len(text) - special_chars
         return specials + (-(-rest // max_token_chars) if max_token_chars else 0)
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of ``text`` with every special-token string in it tokenized as plain text (as
+        message content is, :mod:`redlite.loading.plain_specials`)."""
+        spans = [m.span() for m in self._specials.finditer(text)] if self._specials is not None else []
+        return self.encode(text, spans, offsets=False)[0]
+
     def encode(self, text: str, plain: list[tuple[int, int]] = (),
                offsets: bool = True) -> tuple[list[int], np.ndarray | None]:
         """``(ids, offsets)`` of ``text`` without added specials: the ids exactly as

@@ -190,6 +190,11 @@ class HFTokenizer:
         """Ids of rendered template text, tokenized as :meth:`render_chat` does (no BOS added)."""
         return self._segments.encode(text, offsets=False)[0]
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of message text as a chat template's content is tokenized: the text of a special
+        token is plain text; no BOS."""
+        return self._segments.encode_text(text) if text else []
+
     def decode_rendered(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` with special tokens written out (the template's markup)."""
         return self._backend.decode([int(i) for i in token_ids], skip_special_tokens=False)

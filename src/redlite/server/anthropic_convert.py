@@ -23,6 +23,9 @@ Mapping (Anthropic Messages API -> the OpenAI-shaped history of :mod:`redlite.co
 * ``thinking``: enabled -> ``enable_thinking=True``, disabled -> ``False``, adaptive/absent ->
   the template's default.
 * ``cache_control`` markers are ignored everywhere: they never change a token of the prompt.
+* a last ``assistant`` message of text only is a prefill: the answer continues it
+  (``ChatRequest.continue_final``) and holds only the new text; its text may not end with
+  whitespace (Anthropic's rule, 400); an empty one is no prefill.
 
 Errors: :class:`redlite.server.errors.APIError` (400) naming the offending field.
 """
@@ -126,6 +129,20 @@ def _assistant_message(content: list, where: str) -> dict:
     return message
 
 
+def _prefill(body: CountTokensRequest, messages: list[dict]) -> str | None:
+    """The text of a last assistant message of text only (None: there is none)."""
+    if not body.messages or body.messages[-1].role != "assistant" or not messages:
+        return None
+    last = messages[-1]
+    if last.get("role") != "assistant" or last.get("tool_calls") or last.get("reasoning_content"):
+        return None
+    text = str(last.get("content") or "")
+    if text != text.rstrip():
+        where = f"messages.{len(body.messages) - 1}.content"
+        raise APIError(400, f"{where}: final assistant content cannot end with trailing whitespace", where)
+    return text
+
+
 def convert_messages(body: CountTokensRequest) -> list[dict]:
     """The OpenAI-shaped history of ``body`` (system first)."""
     messages: list[dict] = []
@@ -184,9 +201,14 @@ def template_kwargs(body: CountTokensRequest) -> dict:
 def to_chat_request(body: CountTokensRequest, session_key: str | None = None) -> ChatRequest:
     """The :class:`ChatRequest` of a Messages (or count_tokens) body."""
     tool_choice, parallel = _tool_choice(body)
-    request = ChatRequest(messages=convert_messages(body), tools=convert_tools(body),
+    messages = convert_messages(body)
+    prefill = _prefill(body, messages)
+    if prefill == "":
+        messages = messages[:-1]
+    request = ChatRequest(messages=messages, tools=convert_tools(body),
                           tool_choice=tool_choice, parallel_tool_calls=parallel,
-                          template_kwargs=template_kwargs(body), session_key=session_key)
+                          template_kwargs=template_kwargs(body), session_key=session_key,
+                          continue_final=bool(prefill))
     if isinstance(body, MessagesRequest):
         request.max_tokens = body.max_tokens
         request.sampling = SamplingParams(

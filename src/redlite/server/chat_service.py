@@ -82,6 +82,7 @@ class PreparedChat:
     prompt_text: str
     replayed: int = 0
     last_message: Any = None
+    continued: bool = False  # the answer continues an assistant prefill (not kept for replay)
 
 
 @dataclass
@@ -245,8 +246,12 @@ class ChatService:
         if at_least > self.max_context:
             raise APIError(400, f"the prompt has at least {at_least} tokens, more than the context "
                            f"of {self.max_context} tokens", "messages", "context_length_exceeded")
+        head, prefill = request, ""
+        if request.continue_final and request.messages:  # rendered up to the answer's start
+            head = replace(request, messages=request.messages[:-1], continue_final=False)
+            prefill = str(request.messages[-1].get("content") or "")
         try:
-            rendered, replayed = render_with_replay(self.tokenizer, request, self.replay,
+            rendered, replayed = render_with_replay(self.tokenizer, head, self.replay,
                                                     render_request)
         except PromptTooLong as error:
             raise APIError(400, str(error), "messages", "context_length_exceeded") from None
@@ -254,10 +259,13 @@ class ChatService:
             raise render_error(request.request_id, error) from None
         parse_tools = bool(request.tools) and request.tool_choice != "none"
         fmt = self.tool_format if parse_tools else None
-        start_in_reasoning = bool(self.reasoning_format) and rendered.text.rstrip().endswith("<think>")
+        text = rendered.text + prefill
+        start_in_reasoning = bool(self.reasoning_format) and text.rstrip().endswith("<think>")
         constraint = self.constraint_of(request, fmt, start_in_reasoning)
         # shared with the render cache's prompt, not copied (nothing changes a prompt's ids in place)
         ids = rendered.token_ids if type(rendered.token_ids) is list else list(rendered.token_ids)
+        if prefill:
+            ids = ids + self.tokenizer.encode_text(prefill)
         parse = ParseOptions(
             tool_format=fmt, reasoning=self.reasoning_format,
             start_in_reasoning=start_in_reasoning, schemas=tool_schemas(request.tools),
@@ -273,15 +281,15 @@ class ChatService:
         generation = GenerationRequest(ids, request.max_tokens, sampling, list(request.stop),
                                        list(rendered.message_ends), request.request_id, parse=parse,
                                        n=max(1, request.n), session_key=request.session_key,
-                                       message_info=[_message_info(m) for m in request.messages])
+                                       message_info=[_message_info(m) for m in head.messages])
         if replayed:
             log.info("%s replay: %d generated turns spliced%s", request.request_id, replayed,
                      f" session={request.session_key}" if request.session_key else "")
-        return PreparedChat(generation, parse, rendered.text, replayed,
-                            request.messages[-1] if request.messages else None)
+        return PreparedChat(generation, parse, text, replayed,
+                            request.messages[-1] if request.messages else None, bool(prefill))
 
     def _record(self, prepared: PreparedChat, result: ChatResult) -> None:
-        if self.replay is not None:
+        if self.replay is not None and not prepared.continued:
             record_turn(self.replay, self.tokenizer, prepared.generation, result.generation,
                         prepared.last_message)
 
