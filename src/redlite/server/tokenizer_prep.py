@@ -3,7 +3,7 @@
 On first use a tokenizer builds: the chat template (compiled at the first render), the table
 of token bytes the reuse planner reads at a fork (:mod:`redlite.core.same_bytes`) and
 llguidance's vocabulary (:func:`redlite.core.grammar.grammar_tokenizer`, needed by tool
-choices that force a call, JSON answers and logprobs; about a second for a 49k vocabulary).
+choices that force a call, JSON answers and logprobs; the slowest of the three).
 :func:`start_tokenizer_prep` builds them on a background thread right after start-up, so
 the first constrained request does not pay for them, while start-up (time to ``/health``)
 does not wait for them either. A request arriving meanwhile waits only for the part it
