@@ -22,6 +22,7 @@ import torch
 from redlite.layers.linear import embedding
 from redlite.layers.norm import zero_centered_rms_norm
 from redlite.models.batch_decode import batch_linear, swiglu_batch
+from redlite.models.qwen3_5 import mlp_residual
 from redlite.models.qwen3_5_config import LINEAR
 
 
@@ -111,13 +112,7 @@ def _qwen3_5_invariant_step(model, tokens, pos, states, span, ops) -> torch.Tens
             qkv = ops.norm_linear(x, norm.weight, norm.eps, attn.qkv_weight, attn.qkv_bias, zero_centered=True)
             out = _gated_attend(ops, qkv, pos, cos, sin, states, i, attn, span)
             ops.linear_residual(out, attn.o_weight, attn.o_bias, x)
-        post, mlp = layer.post_attention_layernorm, layer.mlp
-        if layer.moe:
-            _moe_rows(ops, x, post, mlp)
-            continue
-        act = ops.norm_gate_up(x, post.weight, post.eps, mlp.gate_up_weight, mlp.gate_up_bias, mlp.inter,
-                               zero_centered=True)
-        ops.linear_residual(act, mlp.down_weight, mlp.down_bias, x)
+        mlp_residual(ops, x, layer, _moe_rows)
     return ops.norm_linear(x, model.norm.weight, model.norm.eps, model.lm_head_weight, None, out_float32=True,
                            zero_centered=True)
 

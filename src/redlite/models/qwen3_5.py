@@ -331,15 +331,26 @@ class Qwen3_5Model(CausalLM):
                                             keys[slot], values[slot], attn.n_heads, attn.n_kv_heads,
                                             attn.head_dim, span)
                 ops.linear_residual(out, attn.o_weight, attn.o_bias, x)
-            post, mlp = layer.post_attention_layernorm, layer.mlp
-            if layer.moe:
-                ops.moe(x, post.weight, post.eps, mlp, zero_centered=True)
-                continue
-            act = ops.norm_gate_up(x, post.weight, post.eps, mlp.gate_up_weight, mlp.gate_up_bias, mlp.inter,
-                                   zero_centered=True)
-            ops.linear_residual(act, mlp.down_weight, mlp.down_bias, x)
+            mlp_residual(ops, x, layer)
         return ops.norm_linear(x, self.norm.weight, self.norm.eps, self.lm_head_weight, None, out_float32=True,
                                zero_centered=True)
+
+
+def mlp_residual(ops, x: torch.Tensor, layer, moe=None) -> None:
+    """``x += mlp(post_attention_layernorm(x))`` in place for the decode rows ``x`` [B, H]
+    (model dtype) of decoder ``layer``, through the decode ``ops`` (capturable): the dense
+    SwiGLU (``norm_gate_up``, ``linear_residual``), or the mixture-of-experts block through
+    ``moe(ops, x, post_norm, mlp)`` (default: ``ops.moe`` on one row)."""
+    post, mlp = layer.post_attention_layernorm, layer.mlp
+    if layer.moe:
+        if moe is None:
+            ops.moe(x, post.weight, post.eps, mlp, zero_centered=True)
+        else:
+            moe(ops, x, post, mlp)
+        return
+    act = ops.norm_gate_up(x, post.weight, post.eps, mlp.gate_up_weight, mlp.gate_up_bias, mlp.inter,
+                           zero_centered=True)
+    ops.linear_residual(act, mlp.down_weight, mlp.down_bias, x)
 
 
 # --- loader ---------------------------------------------------------------------------------
