@@ -172,6 +172,7 @@ def breakdown(res: dict, stamps: dict) -> dict:
     out["select_cpu"] = 1e3 * _total(stamps, "select", cpu=True)
     out["execute"] = ms(*s["execute"])
     out["execute.park"] = 1e3 * _total(stamps, "park")
+    out["settle"] = 1e3 * _total(stamps, "settle")
     out["execute_to_token"] = ms(s["execute"][1], sample[1]) if sample else float("nan")
     out["token_to_sse"] = ms(sample[1], sse_first[0]) if sample and sse_first else float("nan")
     out["sse_to_client"] = ms(sse_first[0], res["first"]) if sse_first else float("nan")
@@ -179,10 +180,32 @@ def breakdown(res: dict, stamps: dict) -> dict:
     return out
 
 
+def shape_model(work: Path, ctx: int, args) -> Path:
+    """bench/serve_gpu.py's random-weight model ``args.shape`` (e.g. ``8b``), written to ``work``."""
+    from serve_gpu import build_dir
+
+    from redlite.loading.tokenizer import load_tokenizer
+
+    tok_dir = Path(args.tokenizer) if args.tokenizer else None
+    if tok_dir is None:
+        from redlite.loading.bundled import bundled_model_path
+        from redlite.loading.gguf import resolve_model_dir
+        tok_dir = Path(resolve_model_dir(bundled_model_path()))
+    tokenizer = load_tokenizer(tok_dir)
+    config = tok_dir / "config.json"
+    vocab = json.loads(config.read_text())["vocab_size"] if config.is_file() else len(tokenizer.tokenizer)
+    model_dir, model = build_dir(args.shape, tok_dir, work, tokenizer.eos_token_ids, vocab, ctx)
+    del model
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return model_dir
+
+
 def run(args) -> dict:
     ctx = int(max(args.held) * 1.1) + 4096
     work = Path(tempfile.mkdtemp(prefix="request-overhead-"))
-    model = build_model(work / "model", ctx, args.tokenizer)
+    model = build_model(work / "model", ctx, args.tokenizer) if not args.shape else shape_model(work, ctx, args)
     trace = work / "trace.jsonl"
     port = _free_port()
     command = [sys.executable, str(Path(__file__).with_name("request_overhead_trace.py")), str(trace), "serve",
@@ -190,8 +213,8 @@ def run(args) -> dict:
                "--port", str(port), *args.server_arg]
     # one engine thread: the tiny model gains nothing from more, and idle OpenMP threads spinning
     # after each step would take the cores the server's own threads are measured on
-    env = dict(os.environ, PYTHONPATH=str(Path(args.src).resolve()), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1")
+    path = os.pathsep.join(filter(None, [str(Path(args.src).resolve()), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     log = open(work / "server.log", "w")
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     cases: dict[str, list[dict]] = {}
@@ -279,6 +302,7 @@ ROWS = [("ttft", "client TTFT (sent -> first token's chunk)"), ("engine", "engin
         ("job.plan", "  reuse plans"), ("job.select", "  candidate selection (placement)"),
         ("select_cpu", "candidate selection, thread CPU time"),
         ("execute", "execute (park + rewind + prefill)"), ("execute.park", "  parking the cut tail"),
+        ("settle", "parking bookkeeping after the prefill is queued"),
         ("execute_to_token", "first token sampled"), ("token_to_sse", "token -> its SSE chunk written"),
         ("sse_to_client", "SSE chunk -> client"), ("record_turn", "replay record (after the answer)")]
 
@@ -316,6 +340,9 @@ def main() -> None:
                         help="httpx: the client of bench/serve_gpu.py (its own cost is in the TTFT)")
     parser.add_argument("--tokenizer", default=None,
                         help="folder with the tokenizer files (default: the bundled model's)")
+    parser.add_argument("--shape", default=None,
+                        help="serve bench/serve_gpu.py's random model of this shape (e.g. 8b) instead of the "
+                             "tiny one; pass --server-arg=--device --server-arg=cuda for the GPU")
     parser.add_argument("--out", default=None)
     parser.add_argument("--keep-trace", default=None, help="copy the server's stamps (JSON lines) here")
     parser.add_argument("--tag", default="cpu")

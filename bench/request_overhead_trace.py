@@ -35,6 +35,8 @@ STAGES = [
     ("prefill", "redlite.engine.torch_engine:TorchEngine", "prefill"),
     ("rewind", "redlite.engine.torch_engine:TorchEngine", "rewind"),
     ("sample", "redlite.core.token_loop:HostLoop", "next"),
+    ("sample", "redlite.core.token_loop:StreamLoop", "next"),  # device sampling (CUDA): one of the two
+    ("settle", "redlite.core.parker:Parker", "settle"),
     ("record_turn", "redlite.server.chat_service", "record_turn"),
 ]
 ENGINE = ("prefill", "rewind", "sample")

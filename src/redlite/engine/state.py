@@ -14,7 +14,9 @@ class StateSnapshot:
     n_past: tokens held (int). tensors: name -> array (``torch.Tensor`` on CPU for the torch
     engine, ``numpy.ndarray`` for the echo engine); ``tensor_format`` says which, so the disk
     tier can pick ``safetensors.torch`` or ``safetensors.numpy``. meta: JSON-serialisable
-    extras (layout, checkpoint positions). nbytes: total tensor bytes.
+    extras (layout, checkpoint positions). nbytes: total tensor bytes, summed once (the pool
+    reads it for every entry on every admission) and again only after ``tensors`` is assigned:
+    the dict is replaced, never changed in place.
     """
 
     n_past: int
@@ -22,15 +24,22 @@ class StateSnapshot:
     meta: dict[str, Any] = field(default_factory=dict)
     tensor_format: str = "torch"
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "tensors":
+            object.__setattr__(self, "_nbytes", None)
+        object.__setattr__(self, name, value)
+
     @property
     def nbytes(self) -> int:
-        total = 0
-        for array in self.tensors.values():
-            if hasattr(array, "nbytes"):
-                total += int(array.nbytes)
-            else:
-                total += int(array.numel() * array.element_size())
-        return total
+        if self._nbytes is None:
+            total = 0
+            for array in self.tensors.values():
+                if hasattr(array, "nbytes"):
+                    total += int(array.nbytes)
+                else:
+                    total += int(array.numel() * array.element_size())
+            object.__setattr__(self, "_nbytes", total)
+        return self._nbytes
 
 
 def range_of(snapshot: StateSnapshot) -> tuple[int, int]:
