@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from redlite.kernels import native
-from redlite.layers.quant_weight import (GEMM_FORMATS, KERNEL_FORMATS, SMALL_BATCH, QuantTensor, QuantWeight,
-                                         ACTIVATION_LEVELS, activation_rounding_bound, float32_error_bound)
+from redlite.layers.quant_weight import (BF16_MIN_TOKENS, GEMM_FORMATS, KERNEL_FORMATS, SMALL_BATCH, QuantTensor,
+                                         QuantWeight, ACTIVATION_LEVELS, activation_rounding_bound,
+                                         float32_error_bound)
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler / AVX2 for the kernels")
 
@@ -152,3 +153,27 @@ def test_q16_prefill_equals_the_q16_rows(qtype: str) -> None:
     scale = (dense.abs() @ x.abs().T).T
     assert bool(((got - want).abs() <= 1e-5 * scale + 1e-6).all()), qtype
     assert QuantWeight([random_blocks("Q6_K", 8, cols)], prefill="q16").prefill == "float32"
+
+
+@pytest.mark.parametrize("qtype", sorted(KERNEL_FORMATS))
+def test_bfloat16_dequantization_is_the_float32_one_rounded(qtype: str) -> None:
+    # 23 rows over two parts; values near bfloat16 ties come from the random codes and scales
+    blocks = [random_blocks(qtype, 15, 512, 11), random_blocks(qtype, 8, 512, 12)]
+    weight = QuantWeight(blocks)
+    assert torch.equal(weight.dequantize_bf16(), weight.dequantize().to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_bf16_prefill_is_the_bfloat16_product_from_its_token_count(qtype: str) -> None:
+    cols = 512
+    weight = QuantWeight([random_blocks(qtype, 40, cols, 13)], "q16", prefill="bf16")
+    assert weight.prefill == "bf16"  # Q6_K too: no q16 GEMM needed
+    bias = torch.randn(40)
+    x = torch.randn(BF16_MIN_TOKENS, cols, generator=torch.Generator().manual_seed(14))
+    want = torch.nn.functional.linear(x.bfloat16(), weight.dequantize().bfloat16()).float() + bias
+    assert torch.equal(weight.linear(x, bias), want)
+    # fewer tokens: the q16 (or float32) product, close to the float32 one as before
+    few = x[:BF16_MIN_TOKENS - 1]
+    dense = weight.dequantize()
+    scale = (dense.abs() @ few.abs().T).T
+    assert bool(((weight.linear(few) - few @ dense.T).abs() <= 1e-4 * scale + 1e-5).all())

@@ -4,9 +4,10 @@ The reference is the same file with every tensor dequantized at load
 (``load_hf_model(keep_quantized=False)``): the former float32 path. One-token products go
 through the quantized kernels on 16-bit activations (the default) or float32 ones (bounded per
 product in test_quant_kernels.py); prefill products go on the same 16-bit activations where the
-CPU has AVX512-VNNI (the default there), else, and in the float32 case, by the dequantized
-weights as the reference does. Either way the greedy text of the regression prompts must not
-change.
+CPU has AVX512-VNNI, else, and in the float32 case, by the dequantized weights as the
+reference does; prompts of BF16_MIN_TOKENS tokens or more take bfloat16 products where the CPU
+has AMX (the default there; the long-prompt test runs both forms). Either way the greedy text
+of the regression prompts must not change.
 """
 
 from __future__ import annotations
@@ -37,7 +38,17 @@ PROMPTS = ["What is the capital of France?",
 # tokens). 16-bit ones: each activation off by up to 1/65534 of its 32-value block's largest,
 # measured 5e-3 here (1.2e-2 over 8 prompts x 48 tokens, text unchanged); 8-bit ones (llama.cpp's)
 # move them by ~0.1 and change the text of half those prompts; a wrong block layout by units.
-LOGIT_TOLERANCE = {"float32": 1e-3, "q16": 2.5e-2}
+LOGIT_TOLERANCE = {"float32": 1e-3, "q16": 2.5e-2, "bf16": 1.0}
+# bf16 prefill (prompts of BF16_MIN_TOKENS tokens or more, where the CPU has AMX): each weight
+# and activation of the prompt's products rounded to 2**-9 of itself (128x q16's step), summed
+# in float32; measured 0.27-0.33 on the three long prompts below, the text unchanged.
+LONG_TEXT = ("The Rhine is one of the major European rivers. It begins in the Swiss canton of Graubunden in "
+             "the southeastern Swiss Alps, forms part of the Swiss-Liechtenstein, Swiss-Austrian and "
+             "Swiss-German borders, and then flows through the German Rhineland and the Netherlands and "
+             "eventually empties into the North Sea. ") * 3
+LONG_PROMPTS = [LONG_TEXT + "Summarize the text above in one sentence.",
+                LONG_TEXT + "Which countries does the river flow through?",
+                "Write a short story about a lighthouse keeper. " * 20 + "Begin."]
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +115,29 @@ def test_greedy_text_equals_the_float32_reference(engines, model_dir, activation
         assert worst <= LOGIT_TOLERANCE[activations], (prompt, worst)
         if prompt == PROMPTS[0]:
             assert "Paris" in tokenizer.decode(got)
+
+
+@pytest.mark.parametrize("form", ["q16", "bf16"])
+def test_long_prompts_greedy_text_equals_the_float32_reference(engines, model_dir, form) -> None:
+    from redlite.layers.quant_weight import BF16_MIN_TOKENS
+
+    quant, reference = engines
+    _use(quant, "q16")
+    for module in quant.model.modules():
+        if getattr(module, "is_quantized", False):
+            module.prefill = form
+    tokenizer = load_tokenizer(model_dir)
+    for prompt in LONG_PROMPTS:
+        ids = tokenizer.render_chat([{"role": "user", "content": prompt}]).token_ids
+        assert len(ids) >= BF16_MIN_TOKENS
+        got_logits, want_logits = [], []
+        quant.reset()
+        reference.reset()
+        got = _greedy(quant, ids, 32, got_logits)
+        want = _greedy(reference, ids, 32, want_logits)
+        assert got == want, prompt
+        worst = max(float((a - b).abs().max()) for a, b in zip(got_logits, want_logits))
+        assert worst <= LOGIT_TOLERANCE[form], (prompt, worst)
 
 
 @pytest.mark.parametrize("activations", ["q16", "float32"])

@@ -83,6 +83,44 @@ void dequant_parts(const part_t *parts, int n_parts, int n, float *out) {
     }
 }
 
+/* bfloat16 bits of v, rounded to nearest even (finite v) */
+static inline uint16_t bf16_bits(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+typedef struct { const part_t *p; int n; uint16_t *out; } bf16_job;
+
+static void bf16_task(void *arg, int64_t begin, int64_t end) {
+    const bf16_job *j = (const bf16_job *)arg;
+    float *row = (float *)malloc(sizeof(float) * j->n);
+    for (int64_t i = begin; i < end; i++) {
+        dequant_row(j->p->fmt, j->p->data + i * j->p->row_bytes, j->n, row);
+        uint16_t *o = j->out + i * j->n;
+        int k = 0;
+        for (; k + 8 <= j->n; k += 8) {  /* the same rounding, 8 at a time */
+            __m256i u = _mm256_castps_si256(_mm256_loadu_ps(row + k));
+            __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+            u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+            __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+            _mm_storeu_si128((__m128i *)(o + k), packed);
+        }
+        for (; k < j->n; k++) o[k] = bf16_bits(row[k]);
+    }
+    free(row);
+}
+
+/* All rows of the stacked parts -> out [sum rows, n] bfloat16 (the float32 dequantization of
+ * dequant_parts, rounded to nearest even): the weight of a prefill's bfloat16 product. */
+void dequant_parts_bf16(const part_t *parts, int n_parts, int n, uint16_t *out) {
+    for (int p = 0; p < n_parts; p++) {
+        bf16_job job = {parts + p, n, out};
+        pool_run(bf16_task, &job, parts[p].rows, 16);
+        out += (int64_t)parts[p].rows * n;
+    }
+}
+
 /* ---- 8-bit activations ---- */
 
 void quantize_q8(const float *x, int n, xq8 *out) {

@@ -19,6 +19,12 @@ GGUF file and run on CPU; :func:`redlite.layers.linear.linear_kernel`'s function
   ``"q8"`` rounds to 8 bits per 32 values (``max|x| / 127``, as llama.cpp does;
   ``qmatmul_q8x``): fastest, but off by up to ``levels`` 127, which changes greedy text.
 * more tokens (prefill), in the form :data:`PREFILL_ACTIVATIONS` unless asked otherwise:
+  ``"bf16"`` (where the CPU has AMX bf16, from :data:`BF16_MIN_TOKENS` tokens; fewer take
+  ``"q16"`` where it can, else ``"float32"``): the weight is dequantized straight to bfloat16
+  for the call (``dequant_parts_bf16``: the float32 values rounded to nearest even) and
+  multiplied with the activations rounded to bfloat16 by torch's AMX kernel, summed in
+  float32: each weight and activation off by up to 2**-9 of itself, the rounding of
+  llama.cpp's and PyTorch's bfloat16 prefill; about 2x ``"q16"`` from 256 tokens on.
   ``"q16"`` (where the CPU has AVX512-VNNI and every part is in :data:`GEMM_FORMATS`; other
   weights take ``"float32"``): the activations rounded as for ``"q16"`` decode and the codes
   times them summed exactly in int32 (``qgemm_q16x``, codes decoded once per call for all
@@ -48,11 +54,14 @@ DECODE_ACTIVATIONS = "q16"
 #: Rounding levels of each activation form (0: not rounded).
 ACTIVATION_LEVELS = {"float32": 0, "q8": 127, "q16": 32767}
 #: Forms of many-token products (see the module docstring).
-PREFILL_FORMS = ("float32", "q16")
+PREFILL_FORMS = ("float32", "q16", "bf16")
 #: Formats the many-token q16 kernel takes.
 GEMM_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K")
-#: The default form of many-token products: q16 where the CPU has AVX512-VNNI.
-PREFILL_ACTIVATIONS = "q16" if native.has_vnni512() else "float32"
+#: Fewest tokens of a ``"bf16"`` product: below, dequantizing the whole weight costs more than
+#: the AMX product saves (break-even ~64-128 tokens on a 1.5B shape's layers, this VM).
+BF16_MIN_TOKENS = 128
+#: The default form of many-token products: bf16 with AMX, else q16 with AVX512-VNNI.
+PREFILL_ACTIVATIONS = "bf16" if native.has_amx_bf16() else "q16" if native.has_vnni512() else "float32"
 
 
 @dataclass
@@ -118,8 +127,8 @@ class QuantWeight(nn.Module):
             self.parts[i] = native.Part(tensor.data_ptr(), int(data.shape[1]), int(data.shape[0]),
                                         KERNEL_FORMATS[block.qtype])
         self.n_parts = len(blocks)
-        gemm_ok = native.has_vnni512() and all(f in GEMM_FORMATS for f in self.formats)
-        self.prefill = prefill if gemm_ok else "float32"
+        self.gemm_ok = native.has_vnni512() and all(f in GEMM_FORMATS for f in self.formats)
+        self.prefill = prefill if self.gemm_ok or prefill == "bf16" else "float32"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -135,11 +144,17 @@ class QuantWeight(nn.Module):
             bias = None if bias is None else bias.float()
             return self.linear(x.float(), bias, dense, rows_alone).to(x.dtype)
         n_tok = x.shape[0]
-        if n_tok > SMALL_BATCH and not rows_alone and self.prefill == "float32":
+        form = self.prefill if n_tok > SMALL_BATCH and not rows_alone else None
+        if form == "bf16" and n_tok < BF16_MIN_TOKENS:
+            form = "q16" if self.gemm_ok else "float32"
+        if form == "bf16":
+            out = (dense or torch.nn.functional.linear)(x.to(torch.bfloat16), self.dequantize_bf16()).float()
+            return out if bias is None else out.add_(bias)
+        if form == "float32":
             return (dense or torch.nn.functional.linear)(x, self.dequantize(), bias)
         x = x.contiguous()
         out = torch.empty(n_tok, self.shape[0], dtype=torch.float32)
-        if n_tok > SMALL_BATCH and not rows_alone:
+        if form == "q16":
             self.lib.qgemm_q16x(self.parts, self.n_parts, x.data_ptr(), n_tok, self.shape[1], out.data_ptr(),
                                 self.shape[0])
         elif self.activations == "q8":
@@ -157,6 +172,13 @@ class QuantWeight(nn.Module):
         """The whole weight as a new float32 tensor ``[out, in]``."""
         out = torch.empty(self.shape, dtype=torch.float32)
         self.lib.dequant_parts(self.parts, self.n_parts, self.shape[1], out.data_ptr())
+        return out
+
+    def dequantize_bf16(self) -> torch.Tensor:
+        """The whole weight as a new bfloat16 tensor ``[out, in]``: :meth:`dequantize`'s values
+        rounded to nearest even, in one pass (no float32 copy)."""
+        out = torch.empty(self.shape, dtype=torch.bfloat16)
+        self.lib.dequant_parts_bf16(self.parts, self.n_parts, self.shape[1], out.data_ptr())
         return out
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

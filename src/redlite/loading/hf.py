@@ -109,8 +109,9 @@ def load_hf_model(path: str | Path, device: torch.device | str | None = None,
         kept = keep_quantized and device.type == "cpu" and native.library() is not None
         dequantized = {t: n for t, n in types.items()
                        if t not in ("F32", "F16", "BF16") and not (kept and t in KERNEL_FORMATS)}
-        log.info("GGUF tensors %s; weights: %s; dequantized at load (no quantized kernel here): %s",
-                 _counts(types), _counts(weight_formats(model)), _counts(dequantized) or "none")
+        log.info("GGUF tensors %s; weights: %s; dequantized at load (no quantized kernel here): %s; "
+                 "prefill products: %s", _counts(types), _counts(weight_formats(model)),
+                 _counts(dequantized) or "none", _prefill_forms(model))
     return model.eval(), config
 
 
@@ -130,6 +131,19 @@ def weight_formats(model: torch.nn.Module) -> dict[str, int]:
                    else f"dense {str(weight.dtype).removeprefix('torch.')}")
             counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def _prefill_forms(model) -> str:
+    """How the quantized weights multiply a prompt's tokens (see redlite.layers.quant_weight)."""
+    from redlite.layers.quant_weight import BF16_MIN_TOKENS
+
+    forms: dict[str, int] = {}
+    for module in model.modules():
+        if getattr(module, "is_quantized", False):
+            forms[module.prefill] = forms.get(module.prefill, 0) + 1
+    names = {"bf16": f"bfloat16 (AMX) from {BF16_MIN_TOKENS} tokens", "q16": "16-bit activations (VNNI)",
+             "float32": "float32 dequantized"}
+    return ", ".join(f"{n} x {names[f]}" for f, n in sorted(forms.items())) or "none quantized"
 
 
 def _counts(counts: dict[str, int]) -> str:
