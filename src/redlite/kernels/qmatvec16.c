@@ -4,7 +4,8 @@
  * Q4_0's -8 offset multiply the float32 block sum of x, exactly as in qmatvec.c. The only change
  * from the float32 product is the activation rounding, at most 1/65534 of a block's largest
  * |x| per value (256 times finer than llama.cpp's 8 bits); about twice as fast as qmatvec.c
- * where compute-bound. F32 parts go through qmatvec. AVX2 + FMA + F16C. */
+ * where compute-bound. F32 parts go through qmatvec. AVX2 + FMA + F16C; Q4_K rows take an
+ * AVX512-VNNI loop where the CPU has it (checked at the first call). */
 #include <stdlib.h>
 
 #include "gguf_blocks.h"
@@ -14,7 +15,19 @@
  * then the odd-indexed (Q4_K's nibble pairs, Q8_0/Q6_K's byte pairs). qp: per two 32-value
  * blocks (Q4_0/Q4_1's 16 bytes each, side by side), groups of 8: values 0,2..14 of each
  * block, then 16,18..30, then 1,3..15, then 17,19..31. Per 32 values: scale d, float sum sx. */
-typedef struct { const int16_t *q, *qe, *qp; const float *d, *sx; } x16;
+typedef struct { const int16_t *q, *qe, *qp, *qk; const float *d, *sx; } x16;
+
+/* qk (Q4_K rows on AVX512-VNNI, q4_k_row_vnni): per 128 values (sub-blocks s0..s3 of 32), four
+ * runs of 32: the even-indexed values of s0 then of s2, the odd-indexed of s0 then of s2, then
+ * the same of s1 and s3 (the order of a 512-bit load of two sub-block pairs' packed nibbles). */
+static void k4_order(const int16_t *qe, int n, int16_t *qk) {
+    for (int g = 0; g < n / 128; g++, qe += 128, qk += 128)
+        for (int h = 0; h < 2; h++)          /* s0/s2, then s1/s3 */
+            for (int parity = 0; parity < 2; parity++)
+                for (int half = 0; half < 2; half++)
+                    memcpy(qk + 64 * h + 32 * parity + 16 * half, qe + 32 * (h + 2 * half) + 16 * parity,
+                           16 * sizeof(int16_t));
+}
 
 static void pair_order(const int16_t *q, int nb, int16_t *qp) {
     static const int first[4] = {0, 16, 1, 17};
@@ -113,6 +126,41 @@ static inline __m256i madd_u8(__m256i c, const int16_t *x) {  /* 32 unsigned byt
     return madd32(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(c)), _mm256_cvtepu8_epi16(_mm256_extracti128_si256(c, 1)), x);
 }
 
+/* A Q4_K row on AVX512-VNNI: one 512-bit load holds two sub-block pairs' nibbles (see
+ * q4_k_pair); vpdpwssd sums codes times the qk-ordered activations exactly in int32, 8 lanes
+ * per sub-block, then each lane is scaled in float32 as in dot16_row. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static float q4_k_row_vnni(const uint8_t *w, x16 x, int n) {
+    const __m512i m = _mm512_set1_epi16(15);
+    const __m512i first = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(1));
+    __m512 acc = _mm512_setzero_ps();
+    __m256 off = _mm256_setzero_ps();
+    for (int b = 0; b < n / 256; b++, w += 144) {
+        int k0 = 8 * b;
+        __m256 sc, mn;
+        scales_mins_k4(w + 4, &sc, &mn);
+        __m512 dx = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_mul_ps(sc, _mm256_set1_ps(h2f(w))),
+                                                         _mm256_loadu_ps(x.d + k0)));
+        off = _mm256_fmadd_ps(_mm256_mul_ps(mn, _mm256_set1_ps(h2f(w + 2))), _mm256_loadu_ps(x.sx + k0), off);
+        for (int g = 0; g < 2; g++) {  /* sub-blocks 4g..4g+3 */
+            __m512i r = _mm512_loadu_si512(w + 16 + 64 * g);
+            const int16_t *xk = x.qk + 32 * (k0 + 4 * g);
+            __m512i lo = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_and_si512(r, m), _mm512_loadu_si512(xk));
+            lo = _mm512_dpwssd_epi32(lo, _mm512_and_si512(_mm512_srli_epi16(r, 8), m), _mm512_loadu_si512(xk + 32));
+            __m512i hi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_and_si512(_mm512_srli_epi16(r, 4), m),
+                                             _mm512_loadu_si512(xk + 64));
+            hi = _mm512_dpwssd_epi32(hi, _mm512_srli_epi16(r, 12), _mm512_loadu_si512(xk + 96));
+            __m512i base = _mm512_set1_epi32(4 * g);  /* lo: sub-blocks 4g, 4g+2; hi: 4g+1, 4g+3 */
+            acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_add_epi32(first, base), dx), _mm512_cvtepi32_ps(lo), acc);
+            acc = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_add_epi32(second, base), dx), _mm512_cvtepi32_ps(hi), acc);
+        }
+    }
+    return _mm512_reduce_add_ps(acc) - hsum(off);
+}
+
+static int vnni512 = -1;  /* the CPU has AVX512-VNNI (checked once) */
+
 static float dot16_row(int fmt, const uint8_t *w, x16 x, int n) {
     __m256 acc = _mm256_setzero_ps();
     float off = 0.f, sc, m;
@@ -143,6 +191,7 @@ static float dot16_row(int fmt, const uint8_t *w, x16 x, int n) {
         }
         break;
     case Q4_K:
+        if (vnni512) return q4_k_row_vnni(w, x, n);
         for (int b = 0; b < n / 256; b++, w += 144) {
             int k0 = 8 * b;
             __m256i p[8];
@@ -202,7 +251,7 @@ static void q16_task(void *arg, int64_t begin, int64_t end) {
                 for (int64_t b = 0; b < pt->row_bytes; b += 64) _mm_prefetch((const char *)pt->data + at + PREFETCH_BYTES + b, _MM_HINT_T0);
             for (int t = 0; t < j->n_tok; t++) {
                 int64_t o = (int64_t)t * j->n;
-                x16 xt = {j->x.q + o, j->x.qe + o, j->x.qp + o, j->x.d + t * nb, j->x.sx + t * nb};
+                x16 xt = {j->x.q + o, j->x.qe + o, j->x.qp + o, j->x.qk + o, j->x.d + t * nb, j->x.sx + t * nb};
                 j->out[t * j->ldo + r] = dot16_row(pt->fmt, pt->data + (r - first) * pt->row_bytes, xt, j->n);
             }
         }
@@ -217,16 +266,23 @@ void qmatvec_q16x(const part_t *parts, int n_parts, const float *x, int n_tok, i
         if (parts[p].fmt == F32) { qmatvec(parts, n_parts, x, n_tok, n, out, ldo, 0); return; }
     int nb = n / 32;
     size_t q_bytes = ((sizeof(int16_t) * (size_t)n * n_tok + 63) / 64) * 64;
-    uint8_t *buf = (uint8_t *)aligned_alloc(64, 3 * q_bytes + 2 * ((sizeof(float) * nb * n_tok + 63) / 64) * 64);
+    if (vnni512 < 0) vnni512 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")
+                               && __builtin_cpu_supports("avx512vl");
+    int k4 = 0;
+    for (int p = 0; p < n_parts; p++) k4 |= parts[p].fmt == Q4_K;
+    k4 = k4 && vnni512;
+    uint8_t *buf = (uint8_t *)aligned_alloc(64, 4 * q_bytes + 2 * ((sizeof(float) * nb * n_tok + 63) / 64) * 64);
     int16_t *q = (int16_t *)buf, *qe = (int16_t *)(buf + q_bytes), *qp = (int16_t *)(buf + 2 * q_bytes);
-    float *d = (float *)(buf + 3 * q_bytes), *sx = d + nb * n_tok;
+    int16_t *qk = (int16_t *)(buf + 3 * q_bytes);
+    float *d = (float *)(buf + 4 * q_bytes), *sx = d + nb * n_tok;
     for (int t = 0; t < n_tok; t++) {
         int64_t o = (int64_t)t * n;
         quantize_q16(x + o, n, q + o, qe + o, qp + o, d + t * nb, sx + t * nb);
+        if (k4) k4_order(qe + o, n, qk + o);
     }
     int64_t rows = 0;
     for (int p = 0; p < n_parts; p++) rows += parts[p].rows;
-    q16_job job = {parts, n_parts, n_tok, n, {q, qe, qp, d, sx}, out, ldo};
+    q16_job job = {parts, n_parts, n_tok, n, {q, qe, qp, qk, d, sx}, out, ldo};
     int64_t chunk = rows / (8 * get_threads());
     pool_run(q16_task, &job, rows, chunk < 16 ? 16 : chunk);
     free(buf);
