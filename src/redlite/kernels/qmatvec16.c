@@ -4,8 +4,8 @@
  * Q4_0's -8 offset multiply the float32 block sum of x, exactly as in qmatvec.c. The only change
  * from the float32 product is the activation rounding, at most 1/65534 of a block's largest
  * |x| per value (256 times finer than llama.cpp's 8 bits); about twice as fast as qmatvec.c
- * where compute-bound. F32 parts go through qmatvec. AVX2 + FMA + F16C; Q4_K rows take an
- * AVX512-VNNI loop where the CPU has it (checked at the first call). */
+ * where compute-bound. F32 parts go through qmatvec. AVX2 + FMA + F16C; Q4_K and Q6_K rows take
+ * an AVX512-VNNI loop where the CPU has it (checked at the first call). */
 #include <stdlib.h>
 
 #include "gguf_blocks.h"
@@ -159,6 +159,34 @@ static float q4_k_row_vnni(const uint8_t *w, x16 x, int n) {
     return _mm512_reduce_add_ps(acc) - hsum(off);
 }
 
+/* A Q6_K row on AVX512-VNNI: sub-blocks 4g and 4g+2 (then 4g+1 and 4g+3) as one 512-bit vector
+ * of signed codes, split into even and odd bytes; int32 lane i then sums values 4i..4i+3 of
+ * its sub-block, so lanes 0-3/4-7 (8-11/12-15) take that sub-block's two 16-value scales. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static float q6_k_row_vnni(const uint8_t *w, x16 x, int n) {
+    const __m512i pairs = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i lanes = _mm512_set_epi32(5, 5, 5, 5, 4, 4, 4, 4, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc = _mm512_setzero_ps();
+    for (int b = 0; b < n / 256; b++, w += 210) {
+        int k0 = 8 * b;
+        __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w + 192))));
+        __m512 xd = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(x.d + k0)));
+        __m512 m = _mm512_mul_ps(_mm512_mul_ps(sc, _mm512_set1_ps(h2f(w + 208))), xd);  /* per 16 values */
+        for (int g = 0; g < 2; g++)
+            for (int h = 0; h < 2; h++) {  /* sub-blocks 4g+h and 4g+h+2 */
+                __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(codes_q6_k(w, 4 * g + h)),
+                                               codes_q6_k(w, 4 * g + h + 2), 1);
+                const int16_t *xk = x.qk + 32 * (k0 + 4 * g) + 64 * h;
+                __m512i p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_srai_epi16(_mm512_slli_epi16(c, 8), 8),
+                                                _mm512_loadu_si512(xk));
+                p = _mm512_dpwssd_epi32(p, _mm512_srai_epi16(c, 8), _mm512_loadu_si512(xk + 32));
+                __m512 scale = _mm512_permutexvar_ps(_mm512_add_epi32(lanes, _mm512_set1_epi32(8 * g + 2 * h)), m);
+                acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(p), acc);
+            }
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
 static int vnni512 = -1;  /* the CPU has AVX512-VNNI (checked once) */
 
 static float dot16_row(int fmt, const uint8_t *w, x16 x, int n) {
@@ -217,6 +245,7 @@ static float dot16_row(int fmt, const uint8_t *w, x16 x, int n) {
         }
         break;
     case Q6_K:
+        if (vnni512) return q6_k_row_vnni(w, x, n);
         for (int b = 0; b < n / 256; b++, w += 210) {
             const int8_t *scales = (const int8_t *)(w + 192);
             float d = h2f(w + 208);
@@ -269,7 +298,7 @@ void qmatvec_q16x(const part_t *parts, int n_parts, const float *x, int n_tok, i
     if (vnni512 < 0) vnni512 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")
                                && __builtin_cpu_supports("avx512vl");
     int k4 = 0;
-    for (int p = 0; p < n_parts; p++) k4 |= parts[p].fmt == Q4_K;
+    for (int p = 0; p < n_parts; p++) k4 |= parts[p].fmt == Q4_K || parts[p].fmt == Q6_K;
     k4 = k4 && vnni512;
     uint8_t *buf = (uint8_t *)aligned_alloc(64, 4 * q_bytes + 2 * ((sizeof(float) * nb * n_tok + 63) / 64) * 64);
     int16_t *q = (int16_t *)buf, *qe = (int16_t *)(buf + q_bytes), *qp = (int16_t *)(buf + 2 * q_bytes);
