@@ -99,45 +99,43 @@ def _use(engine: TorchEngine, activations: str) -> None:
 
 @pytest.mark.parametrize("activations", ["q16", "float32"])
 def test_greedy_text_equals_the_float32_reference(engines, model_dir, activations) -> None:
-    quant, reference = engines
-    _use(quant, activations)
+    _use(engines[0], activations)
     tokenizer = load_tokenizer(model_dir)
     for prompt in PROMPTS:
-        messages = [{"role": "user", "content": prompt}]
-        ids = tokenizer.render_chat(messages).token_ids
-        got_logits, want_logits = [], []
-        quant.reset()
-        reference.reset()
-        got = _greedy(quant, ids, 32, got_logits)
-        want = _greedy(reference, ids, 32, want_logits)
-        assert got == want, prompt
-        worst = max(float((a - b).abs().max()) for a, b in zip(got_logits, want_logits))
-        assert worst <= LOGIT_TOLERANCE[activations], (prompt, worst)
+        got = _same_greedy_text(engines, tokenizer.render_chat([{"role": "user", "content": prompt}]).token_ids,
+                                LOGIT_TOLERANCE[activations])
         if prompt == PROMPTS[0]:
             assert "Paris" in tokenizer.decode(got)
+
+
+def _same_greedy_text(engines, ids: list[int], tolerance: float) -> list[int]:
+    """32 greedy tokens after ``ids`` on both engines: the same tokens, and every step's logits
+    within ``tolerance`` of the reference's. Returns the tokens."""
+    quant, reference = engines
+    got_logits, want_logits = [], []
+    quant.reset()
+    reference.reset()
+    got = _greedy(quant, ids, 32, got_logits)
+    want = _greedy(reference, ids, 32, want_logits)
+    assert got == want
+    worst = max(float((a - b).abs().max()) for a, b in zip(got_logits, want_logits))
+    assert worst <= tolerance, worst
+    return got
 
 
 @pytest.mark.parametrize("form", ["q16", "bf16"])
 def test_long_prompts_greedy_text_equals_the_float32_reference(engines, model_dir, form) -> None:
     from redlite.layers.quant_weight import BF16_MIN_TOKENS
 
-    quant, reference = engines
-    _use(quant, "q16")
-    for module in quant.model.modules():
+    _use(engines[0], "q16")
+    for module in engines[0].model.modules():
         if getattr(module, "is_quantized", False):
             module.prefill = form
     tokenizer = load_tokenizer(model_dir)
     for prompt in LONG_PROMPTS:
         ids = tokenizer.render_chat([{"role": "user", "content": prompt}]).token_ids
         assert len(ids) >= BF16_MIN_TOKENS
-        got_logits, want_logits = [], []
-        quant.reset()
-        reference.reset()
-        got = _greedy(quant, ids, 32, got_logits)
-        want = _greedy(reference, ids, 32, want_logits)
-        assert got == want, prompt
-        worst = max(float((a - b).abs().max()) for a, b in zip(got_logits, want_logits))
-        assert worst <= LOGIT_TOLERANCE[form], (prompt, worst)
+        _same_greedy_text(engines, ids, LOGIT_TOLERANCE[form])
 
 
 @pytest.mark.parametrize("activations", ["q16", "float32"])
