@@ -177,3 +177,23 @@ def test_bf16_prefill_is_the_bfloat16_product_from_its_token_count(qtype: str) -
     dense = weight.dequantize()
     scale = (dense.abs() @ few.abs().T).T
     assert bool(((weight.linear(few) - few @ dense.T).abs() <= 1e-4 * scale + 1e-5).all())
+
+
+@pytest.mark.skipif(not native.has_vnni512(), reason="the VNNI decode rows need AVX512-VNNI")
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_vnni_decode_rows_equal_the_avx2_rows(qtype: str) -> None:
+    # the same integer sums per sub-block, scaled and added in float32 in another order
+    cols = 768  # three super-blocks of 256 values
+    weight = QuantWeight([random_blocks(qtype, 37, cols, 15), random_blocks("Q8_0", 5, cols, 16)], "q16")
+    x = torch.randn(2, cols, generator=torch.Generator().manual_seed(17))
+    lib = native.library()
+    try:
+        assert lib.q16_use_vnni(0) == 0
+        avx2 = weight.linear(x)
+        assert lib.q16_use_vnni(1) == 1
+        vnni = weight.linear(x)
+    finally:
+        lib.q16_use_vnni(1)
+    dense = weight.dequantize()
+    scale = (dense.abs() @ x.abs().T).T
+    assert bool(((vnni - avx2).abs() <= 1e-5 * scale + 1e-6).all())

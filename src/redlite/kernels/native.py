@@ -178,6 +178,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.qmatmul_q8x.restype = None
     lib.qmatvec_q16x.argtypes = [p, i, vp, i, i, vp, i64]
     lib.qmatvec_q16x.restype = None
+    lib.q16_use_vnni.argtypes = [i]
+    lib.q16_use_vnni.restype = i
     lib.decode_step.argtypes = [vp, i64, i64, vp, i64, vp]
     lib.decode_step.restype = None
     lib.decode_batch.argtypes = [vp, i, vp, vp, vp, vp, vp]

@@ -189,6 +189,18 @@ static float q6_k_row_vnni(const uint8_t *w, x16 x, int n) {
 
 static int vnni512 = -1;  /* the CPU has AVX512-VNNI (checked once) */
 
+static int cpu_vnni512(void) {
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")
+           && __builtin_cpu_supports("avx512vl");
+}
+
+/* Tests: on 0 takes the AVX2 rows whatever the CPU; on 1 the VNNI ones where the CPU has them.
+ * Returns whether VNNI rows are in use. */
+int q16_use_vnni(int on) {
+    vnni512 = on && cpu_vnni512();
+    return vnni512;
+}
+
 static float dot16_row(int fmt, const uint8_t *w, x16 x, int n) {
     __m256 acc = _mm256_setzero_ps();
     float off = 0.f, sc, m;
@@ -295,8 +307,7 @@ void qmatvec_q16x(const part_t *parts, int n_parts, const float *x, int n_tok, i
         if (parts[p].fmt == F32) { qmatvec(parts, n_parts, x, n_tok, n, out, ldo, 0); return; }
     int nb = n / 32;
     size_t q_bytes = ((sizeof(int16_t) * (size_t)n * n_tok + 63) / 64) * 64;
-    if (vnni512 < 0) vnni512 = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")
-                               && __builtin_cpu_supports("avx512vl");
+    if (vnni512 < 0) vnni512 = cpu_vnni512();
     int k4 = 0;
     for (int p = 0; p < n_parts; p++) k4 |= parts[p].fmt == Q4_K || parts[p].fmt == Q6_K;
     k4 = k4 && vnni512;
