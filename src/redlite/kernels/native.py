@@ -63,7 +63,7 @@ def has_vnni512() -> bool:
 
 def has_amx_bf16() -> bool:
     """True when the CPU multiplies bfloat16 matrices in AMX tiles (torch's oneDNN takes them
-    for bfloat16 ``linear``): about 4x its float32 rate on prefill shapes."""
+    for bfloat16 ``linear``), the prefill form ``bf16`` of :mod:`redlite.layers.quant_weight`."""
     return {"amx_bf16", "amx_tile", "avx512_bf16"} <= _cpu_flags()
 
 

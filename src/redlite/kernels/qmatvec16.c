@@ -17,7 +17,7 @@
  * block, then 16,18..30, then 1,3..15, then 17,19..31. Per 32 values: scale d, float sum sx. */
 typedef struct { const int16_t *q, *qe, *qp, *qk; const float *d, *sx; } x16;
 
-/* qk (Q4_K rows on AVX512-VNNI, q4_k_row_vnni): per 128 values (sub-blocks s0..s3 of 32), four
+/* qk (Q4_K and Q6_K rows on AVX512-VNNI): per 128 values (sub-blocks s0..s3 of 32), four
  * runs of 32: the even-indexed values of s0 then of s2, the odd-indexed of s0 then of s2, then
  * the same of s1 and s3 (the order of a 512-bit load of two sub-block pairs' packed nibbles). */
 static void k4_order(const int16_t *qe, int n, int16_t *qk) {

@@ -24,7 +24,8 @@ GGUF file and run on CPU; :func:`redlite.layers.linear.linear_kernel`'s function
   for the call (``dequant_parts_bf16``: the float32 values rounded to nearest even) and
   multiplied with the activations rounded to bfloat16 by torch's AMX kernel, summed in
   float32: each weight and activation off by up to 2**-9 of itself, the rounding of
-  llama.cpp's and PyTorch's bfloat16 prefill; about 2x ``"q16"`` from 256 tokens on.
+  PyTorch's own bfloat16 products; faster than ``"q16"`` on long prompts
+  (``bench/results/cpu-*-bf16-prefill.md``).
   ``"q16"`` (where the CPU has AVX512-VNNI and every part is in :data:`GEMM_FORMATS`; other
   weights take ``"float32"``): the activations rounded as for ``"q16"`` decode and the codes
   times them summed exactly in int32 (``qgemm_q16x``, codes decoded once per call for all
@@ -58,7 +59,7 @@ PREFILL_FORMS = ("float32", "q16", "bf16")
 #: Formats the many-token q16 kernel takes.
 GEMM_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K")
 #: Fewest tokens of a ``"bf16"`` product: below, dequantizing the whole weight costs more than
-#: the AMX product saves (break-even ~64-128 tokens on a 1.5B shape's layers, this VM).
+#: the AMX product saves.
 BF16_MIN_TOKENS = 128
 #: The default form of many-token products: bf16 with AMX, else q16 with AVX512-VNNI.
 PREFILL_ACTIVATIONS = "bf16" if native.has_amx_bf16() else "q16" if native.has_vnni512() else "float32"
