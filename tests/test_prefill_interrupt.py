@@ -38,6 +38,9 @@ def test_disconnect_mid_prefill_frees_the_engine_and_keeps_the_prefix(start_serv
 @pytest.mark.model
 def test_bundled_model_prefill_stops_when_the_client_leaves(start_server):
     server = start_server("--prefill-chunk", "16", "--ctx-size", "2048", engine="torch", timeout_s=300)
+    # llguidance's vocabulary build after start-up holds the GIL: a request sent meanwhile can
+    # spend the whole 0.5 s below waiting to be read, never reaching the prefill this tests
+    server.wait_for_log("tokenizer tables", timeout_s=60)
     words = "the quick brown fox jumps over the lazy dog " * 160  # about 1,450 tokens
     with pytest.raises(httpx.TimeoutException):
         ask(server.url, words, timeout=0.5, max_tokens=1)
