@@ -135,12 +135,11 @@ def weight_formats(model: torch.nn.Module) -> dict[str, int]:
 
 def _prefill_forms(model) -> str:
     """How the quantized weights multiply a prompt's tokens (see redlite.layers.quant_weight)."""
+    from collections import Counter
+
     from redlite.layers.quant_weight import BF16_MIN_TOKENS
 
-    forms: dict[str, int] = {}
-    for module in model.modules():
-        if getattr(module, "is_quantized", False):
-            forms[module.prefill] = forms.get(module.prefill, 0) + 1
+    forms = Counter(m.prefill for m in model.modules() if getattr(m, "is_quantized", False))
     names = {"bf16": f"bfloat16 (AMX) from {BF16_MIN_TOKENS} tokens", "q16": "16-bit activations (VNNI)",
              "float32": "float32 dequantized"}
     return ", ".join(f"{n} x {names[f]}" for f, n in sorted(forms.items())) or "none quantized"
