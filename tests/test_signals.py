@@ -216,3 +216,26 @@ def test_bundled_model_signal_mid_prefill_exits_zero_without_abort(start_server,
         assert "prefill stopped at" in log
         assert len(files(tmp_path)) == 1  # the prefilled part, saved
     files(tmp_path)  # no temporary file left
+
+
+def test_signals_are_ignored_once_serve_has_returned():
+    """Finalizing the interpreter puts the default action back for Python-handled signals, so a
+    second signal arriving after the stop was done (while the process exits) would kill it with
+    -15; from the return of ``serve`` on the signals are ignored instead (the exit is underway)."""
+    import gc
+    import socket
+
+    from redlite.cli import main
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:  # a busy port: serve returns 1 before loading anything
+        assert main(["serve", "--engine", "echo", "--port", str(busy.getsockname()[1])]) == 1
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        busy.close()
+        gc.enable()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -183,11 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         stopper = Stopper()
         stopper.install()  # before the heavy imports: a signal while starting exits with 0
         from redlite.server.run import serve
-        return serve(args, stopper)
-    if args.command == "serve-cluster":
+        status = serve(args, stopper)
+    elif args.command == "serve-cluster":
         from redlite.cluster.run import serve_cluster
-        return serve_cluster(args)
-    return 2
+        status = serve_cluster(args)
+    else:
+        return 2
+    from redlite.server.shutdown import ignore_stop_signals
+    ignore_stop_signals()
+    return status
 
 
 if __name__ == "__main__":

@@ -33,6 +33,15 @@ log = logging.getLogger("redlite")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def ignore_stop_signals() -> None:
+    """The stop is over and the process is about to exit: ignore SIGINT and SIGTERM from now
+    on. Interpreter finalization puts the default action back for signals that have a Python
+    handler (not for ignored ones), so a signal arriving then would end the process by the
+    signal instead of with its exit status."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class Stopper:
     """Counts stop signals for the whole process life; ``on_first`` runs at the first one,
     ``on_second`` at any later one (both in the main thread, from the signal handler)."""
