@@ -244,3 +244,19 @@ def test_echo_forced_call_with_open_schema_closes():
     text, finish = generate(source, build_constraint(None, tools, "get_weather", "hermes"), max_tokens=150)
     assert finish == "stop"
     assert text == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n</tool_call>'
+
+
+def test_pipeline_json_drops_padding_and_truncation_only_where_set():
+    import json
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    from redlite.core.grammar import _pipeline_json
+    backend = Tokenizer(WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    assert _pipeline_json(backend) == backend.to_str()
+    backend.enable_padding(length=8)
+    backend.enable_truncation(max_length=4)
+    spec = json.loads(_pipeline_json(backend))
+    assert spec["padding"] is None and spec["truncation"] is None
+    assert spec["model"] == json.loads(backend.to_str())["model"]

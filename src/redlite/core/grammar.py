@@ -57,9 +57,7 @@ def grammar_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
         eos = sorted(tokenizer.eos_token_ids)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None:  # the tokenizers pipeline as JSON, without padding/truncation
-            spec = json.loads(backend.to_str())
-            spec["padding"] = spec["truncation"] = None
-            built = llguidance.LLTokenizer(json.dumps(spec), eos_token=eos)
+            built = llguidance.LLTokenizer(_pipeline_json(backend), eos_token=eos)
         elif type(tokenizer).__name__ == "ByteTokenizer":
             built = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary(tokenizer)),
                                            eos_token=eos)
@@ -70,6 +68,16 @@ def grammar_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
         except AttributeError:  # a slotted tokenizer: build again next time
             pass
         return built
+
+
+def _pipeline_json(backend: Any) -> str:
+    """``backend`` (a ``tokenizers.Tokenizer``) as JSON without padding or truncation; edited
+    only when it has either (parsing and writing the JSON again holds the GIL ~0.2 s)."""
+    if backend.padding is None and backend.truncation is None:
+        return backend.to_str()
+    spec = json.loads(backend.to_str())
+    spec["padding"] = spec["truncation"] = None
+    return json.dumps(spec)
 
 
 def check_constraint(spec: ConstraintSpec, tokenizer: Any = None) -> None:

@@ -8,8 +8,10 @@ choices that force a call, JSON answers and logprobs; the slowest of the three).
 the first constrained request does not pay for them, while start-up (time to ``/health``)
 does not wait for them either. A request arriving meanwhile waits only for the part it
 needs (``grammar_tokenizer`` builds under a lock; the other two are cheap to build twice),
-except that llguidance's build holds the GIL throughout: the event loop reads no request
-until it ends (a known cost of this choice; ``bench/results/first-constrained-*``).
+except that llguidance's build of its vocabulary (in Rust, from the tokenizer's JSON) holds the
+GIL throughout: the event loop reads no request until it ends, so a request arriving in that
+first fraction of a second waits for it (a known cost of this choice;
+``bench/results/first-constrained-*``).
 """
 
 from __future__ import annotations
