@@ -108,15 +108,22 @@ def test_greedy_text_equals_the_float32_reference(engines, model_dir, activation
             assert "Paris" in tokenizer.decode(got)
 
 
+_REFERENCE_RUNS: dict[tuple[int, ...], tuple[list[int], list]] = {}
+
+
 def _same_greedy_text(engines, ids: list[int], tolerance: float) -> list[int]:
     """32 greedy tokens after ``ids`` on both engines: the same tokens, and every step's logits
-    within ``tolerance`` of the reference's. Returns the tokens."""
+    within ``tolerance`` of the reference's. Returns the tokens. The reference's run of a
+    prompt is computed once per module (it never changes; the quantized engine's forms do)."""
     quant, reference = engines
-    got_logits, want_logits = [], []
+    got_logits = []
     quant.reset()
-    reference.reset()
     got = _greedy(quant, ids, 32, got_logits)
-    want = _greedy(reference, ids, 32, want_logits)
+    if tuple(ids) not in _REFERENCE_RUNS:
+        reference.reset()
+        want_logits = []
+        _REFERENCE_RUNS[tuple(ids)] = (_greedy(reference, ids, 32, want_logits), want_logits)
+    want, want_logits = _REFERENCE_RUNS[tuple(ids)]
     assert got == want
     worst = max(float((a - b).abs().max()) for a, b in zip(got_logits, want_logits))
     assert worst <= tolerance, worst
