@@ -36,11 +36,13 @@ def _q8_0(weight: torch.Tensor) -> QuantTensor:
     return QuantTensor("Q8_0", tuple(weight.shape), data.reshape(weight.shape[0], -1))
 
 
-def _decode_both(model: LlamaModel, fused: FusedDecode, steps: int = 12, cache_tol: float = 1e-5) -> float:
-    prompt = torch.tensor([3, 17, 42, 5, 88, 1, 60])
+def _decode_both(model: LlamaModel, fused: FusedDecode, steps: int = 12, cache_tol: float = 1e-5,
+                 prompt: torch.Tensor | None = None) -> float:
+    prompt = torch.tensor([3, 17, 42, 5, 88, 1, 60]) if prompt is None else prompt
+    size = len(prompt) + steps + 8
     worst = 0.0
     with torch.inference_mode():
-        a, b = model.new_state(64, "cpu", torch.float32), model.new_state(64, "cpu", torch.float32)
+        a, b = model.new_state(size, "cpu", torch.float32), model.new_state(size, "cpu", torch.float32)
         model._fused_decode = False
         model(prompt, a)
         model(prompt, b)
@@ -69,6 +71,38 @@ def test_fused_step_equals_torch_decode(extra) -> None:
     fused = FusedDecode.build(model, require_quantized=False)
     assert fused is not None
     assert _decode_both(model, fused) < 1e-4
+
+
+@pytest.mark.parametrize("extra", [{"model_type": "llama", "num_attention_heads": 6, "num_key_value_heads": 2},
+                                   {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 150,
+                                    "max_window_layers": 1}])
+def test_fused_step_over_a_long_cache(extra) -> None:
+    """Attention over hundreds of cache rows: several spans per head merged (decode_attention.c),
+    grouped query heads, a window whose start is not a span boundary."""
+    model = _model(**extra, max_position_embeddings=1024)
+    fused = FusedDecode.build(model, require_quantized=False)
+    prompt = torch.randint(0, BASE["vocab_size"], (437,), generator=torch.Generator().manual_seed(1))
+    assert _decode_both(model, fused, steps=6, prompt=prompt) < 1e-4
+
+
+def test_a_batch_row_over_a_long_cache_equals_the_step_alone() -> None:
+    model = _model(model_type="llama")
+    fused = FusedDecode.build(model, require_quantized=False)
+    lengths, token = (300, 5, 131), 11
+    with torch.inference_mode():
+        model._fused_decode = False
+        states = []
+        for n in lengths:
+            state = model.new_state(n + 4, "cpu", torch.float32)
+            model(torch.randint(0, BASE["vocab_size"], (n,), generator=torch.Generator().manual_seed(n)), state)
+            states.append(state)
+        copies = [model.new_state(s.max_tokens, "cpu", torch.float32) for s in states]
+        for copy, state in zip(copies, states):
+            copy.cache.data.copy_(state.cache.data)
+            copy.n_past = state.n_past
+        batch = fused.batch([token] * len(states), states)
+        alone = torch.cat([fused(token, copy) for copy in copies])
+    assert torch.equal(batch, alone)
 
 
 def test_fused_step_with_quantized_matrices() -> None:

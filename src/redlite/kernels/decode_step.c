@@ -60,49 +60,13 @@ static void rotate(float *x, const float *cos, const float *sin, int rot) {
     }
 }
 
-/* softmax(q K^T / sqrt(D)) V over cache rows lo..pos of one head */
-static void attend(const float *q, const float *keys, const float *values, int64_t lo, int64_t pos, int d,
-                   float *scores, float *out) {
-    float scale = 1.f / sqrtf((float)d), top = -INFINITY, sum = 0.f;
-    for (int64_t j = lo; j <= pos; j++) {
-        const float *k = keys + j * d;
-        float s = 0.f;
-        for (int i = 0; i < d; i++) s += q[i] * k[i];
-        scores[j - lo] = s * scale;
-        top = fmaxf(top, scores[j - lo]);
-    }
-    for (int64_t j = lo; j <= pos; j++) { scores[j - lo] = expf(scores[j - lo] - top); sum += scores[j - lo]; }
-    for (int i = 0; i < d; i++) out[i] = 0.f;
-    for (int64_t j = lo; j <= pos; j++) {
-        const float *v = values + j * d;
-        float p = scores[j - lo] / sum;
-        for (int i = 0; i < d; i++) out[i] += p * v[i];
-    }
-}
-
-/* one (sequence, head) attention task per index: sequence t = i / h, head i % h */
-typedef struct {
-    const float *qkv; float *const *kv; float *out, *scores;
-    const int64_t *lo, *pos, *max_tokens, *score_at;
-    int h, g, d, qkv_rows;
-} head_job;
-
-static void head_task(void *arg, int64_t begin, int64_t end) {
-    const head_job *j = (const head_job *)arg;
-    for (int64_t i = begin; i < end; i++) {
-        int64_t t = i / j->h, head = i % j->h, kvh = head / (j->h / j->g), mt = j->max_tokens[t];
-        const float *kv = j->kv[t];
-        attend(j->qkv + t * j->qkv_rows + head * j->d, kv + kvh * mt * j->d, kv + (j->g + kvh) * mt * j->d,
-               j->lo[t], j->pos[t], j->d, j->scores + j->score_at[t] + head * (j->pos[t] + 1),
-               j->out + (t * j->h + head) * j->d);
-    }
-}
+void decode_attention(const float *qkv, int qkv_rows, float *const *kv, const int64_t *max_tokens,
+                      const int64_t *lo, const int64_t *pos, int n_tok, int h, int g, int d, float *out);
 
 /* q/k norm, rotary and the KV write of each sequence's token, then attention of all heads of
- * all sequences on the pool; kv[t]: layer's cache of sequence t [2, KV, max_tokens[t], D] */
+ * all sequences on the pool (decode_attention.c); kv[t]: layer's cache of sequence t [2, KV, max_tokens[t], D] */
 static void attention(const model_t *m, const layer_t *l, int n_tok, float *qkv, const int64_t *pos,
-                      float *const *kv, const int64_t *max_tokens, const int64_t *score_at, int64_t *lo,
-                      float *out, float *scores) {
+                      float *const *kv, const int64_t *max_tokens, int64_t *lo, float *out) {
     int h = m->n_heads, g = m->n_kv, d = m->head_dim, rows = (h + 2 * g) * d;
     for (int t = 0; t < n_tok; t++) {
         float *q = qkv + (int64_t)t * rows, *cache = kv[t];
@@ -118,8 +82,7 @@ static void attention(const model_t *m, const layer_t *l, int n_tok, float *qkv,
         }
         lo[t] = l->window > 0 && pos[t] + 1 > l->window ? pos[t] + 1 - l->window : 0;
     }
-    head_job job = {qkv, kv, out, scores, lo, pos, max_tokens, score_at, h, g, d, rows};
-    pool_run(head_task, &job, (int64_t)n_tok * h, 1);
+    decode_attention(qkv, rows, kv, max_tokens, lo, pos, n_tok, h, g, d, out);
 }
 
 /* Feed tokens[t] at position pos[t] of sequence t, for n_tok distinct sequences at once: the
@@ -129,14 +92,12 @@ static void attention(const model_t *m, const layer_t *l, int n_tok, float *qkv,
 void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int64_t *pos, float *const *kv,
                   const int64_t *max_tokens, float *logits) {
     int hid = m->hidden, qkv_rows = (m->n_heads + 2 * m->n_kv) * m->head_dim, att = m->n_heads * m->head_dim;
-    int64_t n_scores = 0;
-    int64_t *score_at = (int64_t *)malloc(sizeof(int64_t) * 2 * n_tok), *lo = score_at + n_tok;
-    for (int t = 0; t < n_tok; t++) { score_at[t] = n_scores; n_scores += (int64_t)m->n_heads * (pos[t] + 1); }
+    int64_t *lo = (int64_t *)malloc(sizeof(int64_t) * n_tok);
     size_t row = 3 * (size_t)hid + qkv_rows + att + 3 * (size_t)m->inter;
-    float *x = (float *)malloc(sizeof(float) * (row * n_tok + n_scores));
+    float *x = (float *)malloc(sizeof(float) * row * n_tok);
     float *xn = x + (size_t)hid * n_tok, *tmp = xn + (size_t)hid * n_tok, *qkv = tmp + (size_t)hid * n_tok;
     float *ao = qkv + (size_t)qkv_rows * n_tok, *gu = ao + (size_t)att * n_tok;
-    float *act = gu + 2 * (size_t)m->inter * n_tok, *scores = act + (size_t)m->inter * n_tok;
+    float *act = gu + 2 * (size_t)m->inter * n_tok;
     float **layer_kv = (float **)malloc(sizeof(float *) * n_tok);
     const part_t *e = m->embed;
     if (e->fmt == F32)
@@ -152,7 +113,7 @@ void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int6
             layer_kv[t] = kv[t] + i * 2 * (int64_t)m->n_kv * max_tokens[t] * m->head_dim;
         }
         product(&l->qkv, xn, n_tok, hid, qkv, m->acts);
-        attention(m, l, n_tok, qkv, pos, layer_kv, max_tokens, score_at, lo, ao, scores);
+        attention(m, l, n_tok, qkv, pos, layer_kv, max_tokens, lo, ao);
         product(&l->o, ao, n_tok, att, tmp, m->acts);
         for (size_t j = 0; j < (size_t)hid * n_tok; j++) x[j] += tmp[j];
         for (int t = 0; t < n_tok; t++) rms_norm(x + (size_t)t * hid, l->ffn_norm, hid, m->eps, xn + (size_t)t * hid);
@@ -169,7 +130,7 @@ void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int6
     product(&m->lm_head, xn, n_tok, hid, logits, m->acts);
     free(layer_kv);
     free(x);
-    free(score_at);
+    free(lo);
 }
 
 /* Feed `token` at position `pos`; kv: the cache [layers, 2, KV, max_tokens, D]; logits: [vocab]. */

@@ -28,7 +28,8 @@ from pathlib import Path
 
 log = logging.getLogger("redlite.kernels")
 
-SOURCES = ("qmatmul.c", "qmatvec.c", "qmatvec16.c", "qgemm16.c", "decode_step.c", "pool.c")
+SOURCES = ("qmatmul.c", "qmatvec.c", "qmatvec16.c", "qgemm16.c", "decode_step.c",
+           "decode_attention.c", "pool.c")
 HEADERS = ("gguf_blocks.h",)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-pthread", "-fPIC", "-shared", "-std=gnu11")
 _reason: str | None = None
