@@ -29,7 +29,7 @@ from redlite.server import completions as completions_route
 from redlite.server import sampling_fields
 from redlite.server.access import AccessMiddleware, context_of
 from redlite.server.chat_service import ChatService
-from redlite.server.errors import APIError, surface_of
+from redlite.server.errors import APIError, prompt_too_long, surface_of
 from redlite.server.jobs import RETRY_AFTER_S
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.metrics import ServerMetrics
@@ -199,8 +199,7 @@ def create_app(state: ServerState) -> FastAPI:
         if not ids:
             raise APIError(400, "the prompt is empty", param)
         if len(ids) > state.max_context:
-            raise APIError(400, f"the prompt has {len(ids)} tokens, more than the context of "
-                           f"{state.max_context} tokens", param, "context_length_exceeded")
+            raise prompt_too_long(len(ids), state.max_context, param)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
@@ -239,9 +238,7 @@ def create_app(state: ServerState) -> FastAPI:
         if isinstance(prompt, str):
             at_least = min_prompt_tokens([prompt], getattr(state.tokenizer, "max_token_chars", None))
             if at_least > state.max_context:
-                raise APIError(400, f"the prompt has at least {at_least} tokens, more than the "
-                               f"context of {state.max_context} tokens", "prompt",
-                               "context_length_exceeded")
+                raise prompt_too_long(at_least, state.max_context, "prompt", at_least=True)
             ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
         else:
             ids = list(prompt)
