@@ -2,6 +2,7 @@
 ``anthropic`` SDK and raw HTTP. The echo engine answers with the last user message."""
 
 import json
+import re
 
 import anthropic
 import pytest
@@ -269,3 +270,22 @@ def test_a_final_assistant_message_is_a_prefill_the_answer_continues(echo):
     assert empty.input_tokens == len(ByteTokenizer().render_chat([user]).token_ids)
     with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
         client.messages.create(model="m", max_tokens=5, messages=[user, {"role": "assistant", "content": "1, "}])
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("chars", [64, 2000])
+def test_prompt_too_long_in_anthropic_wording(chars):
+    """A prompt over the context is Anthropic's 400 ``prompt is too long: N tokens > M maximum``:
+    the phrase Claude Code's compact-and-retry (and other agents) match, and the counts it parses.
+    64 characters fit the context before rendering and not after (the exact count); 2000 are
+    refused by the bound computed before rendering (at least N tokens)."""
+    with EchoApp(max_context=64) as small:
+        for stream in (False, True):
+            r = small.client.post("/v1/messages", json={
+                "model": "m", "max_tokens": 5, "stream": stream,
+                "messages": [{"role": "user", "content": "x" * chars}]})
+            assert r.status_code == 400
+            error = r.json()["error"]
+            assert error["type"] == "invalid_request_error"
+            assert re.match(r"prompt is too long: (at least )?\d+ tokens > 64 maximum",
+                                error["message"]), error["message"]

@@ -193,7 +193,8 @@ def test_stream_rebuilds_the_final_response():
     assert [i["type"] for i in items] == ["reasoning", "message", "function_call"]
     assert decode_reasoning(items[0]["encrypted_content"]) == "Thinking."
     assert items[2]["call_id"] == "call_a" and items[2]["name"] == "shell"
-    assert response["usage"] == {"input_tokens": 50, "input_tokens_details": {"cached_tokens": 30},
+    assert response["usage"] == {"input_tokens": 50,
+                                 "input_tokens_details": {"cached_tokens": 30, "cache_write_tokens": 0},
                                  "output_tokens": 12, "output_tokens_details": {"reasoning_tokens": 4},
                                  "total_tokens": 62}
     non_streamed = output_items(output, encrypted=True)

@@ -183,3 +183,25 @@ def test_reasoning_round_trips_through_encrypted_content(echo):
     second = client.responses.create(model="m", input=replay, store=False)
     assert second.output_text == "next"
     assert second.usage.input_tokens_details.cached_tokens >= response.usage.input_tokens + response.usage.output_tokens - 1
+
+
+@pytest.mark.timeout(30)
+def test_objects_and_events_validate_against_the_sdk_types(echo):
+    """Every streamed event and the final response, streamed or not, text or call, completed or
+    incomplete, parse as the SDK's own (strict) types: a field the SDK requires (such as
+    ``usage.input_tokens_details.cache_write_tokens``) is never missing."""
+    from pydantic import TypeAdapter
+    from openai.types.responses import Response, ResponseStreamEvent
+
+    events, response = TypeAdapter(ResponseStreamEvent), TypeAdapter(Response)
+    call = call_text("shell", {"cmd": ["ls"]})
+    for fields in ({"input": "hello"}, {"input": "hello", "max_output_tokens": 2},
+                   {"input": call, "tools": TOOLS[:1]}):
+        body = {"model": "m", **fields}
+        response.validate_python(echo.client.post("/v1/responses", json=body).json())
+        with echo.client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+            frames = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines()
+                      if line.startswith("data: ")]
+        for frame in frames:
+            events.validate_python(frame)
+        assert frames[-1]["response"]["usage"]["input_tokens_details"]["cache_write_tokens"] == 0

@@ -61,3 +61,30 @@ def test_anthropic_error_names_no_discriminator_tag(body, prefix):
         r = client.post("/v1/messages", json={"model": "m", "max_tokens": 5, **body})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["message"].startswith(prefix), r.text
+
+
+@pytest.mark.parametrize("path, body, param, tag", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "input_foo", "text": "x"}]}]},
+     "messages.0.content.0.type", "input_foo"),
+    ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "foo"}]}]},
+     "input.0.output.0.type", "foo"),
+    ("/v1/messages", {"model": "m", "max_tokens": 3, "messages": [
+        {"role": "user", "content": [{"type": "search_result", "source": "s", "title": "t", "content": []}]}]},
+     "messages.0.content.0.type", "search_result"),
+    ("/v1/messages", {"model": "m", "max_tokens": 3, "system": [{"type": "foo", "text": "x"}],
+                      "messages": USER}, "system.0.type", "foo"),
+])
+@pytest.mark.timeout(60)
+def test_a_block_of_an_unknown_type_names_its_type(path, body, param, tag):
+    """A list item whose ``type`` matches no member (a block type the server does not take) is
+    reported at its ``type``, naming the tag and the expected ones, not as the string the field
+    could have been instead ("Input should be a valid string")."""
+    with echo_client() as client:
+        r = client.post(path, json=body)
+        assert r.status_code == 400, r.text
+        body = r.json()
+        message = body["error"]["message"]
+        assert message.startswith(f"{param}: Input tag '{tag}'") and "expected tags" in message, message
+        if path != "/v1/messages":
+            assert body["error"]["param"] == param
+        assert client.get("/health").status_code == 200

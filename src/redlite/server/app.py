@@ -8,7 +8,6 @@ a generation runs.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +28,8 @@ from redlite.server import completions as completions_route
 from redlite.server import sampling_fields
 from redlite.server.access import AccessMiddleware, context_of
 from redlite.server.chat_service import ChatService
-from redlite.server.errors import APIError, surface_of
+from redlite.server.errors import APIError, prompt_too_long, surface_of
+from redlite.server.validation_errors import first_error, loads_or_none, param_of
 from redlite.server.jobs import RETRY_AFTER_S
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.metrics import ServerMetrics
@@ -66,57 +66,6 @@ class ServerState:
     chat: Any = None  # the ChatService every chat adapter calls (made by create_app when None)
     ping_interval_s: float = 5.0  # Anthropic streams: a ping after this long without output
     metrics: bool = True  # --metrics / --no-metrics: GET /metrics and the per-request counts
-
-
-def _param_of(loc: tuple, body: Any = None) -> str | None:
-    """The dotted request field of a pydantic error location (``messages.0.content.1``,
-    ``stop.0``): union member tags that pydantic puts in ``loc`` (``str``, ``list[int]``,
-    ``constrained-str``, model class names) are dropped; field names are snake_case
-    identifiers or list indices. With the parsed ``body``, a part that is no key or index of
-    the body there is a tag too (a discriminator's value: Anthropic's ``user`` of
-    ``messages.0.user.content``), but for the last one (a missing field)."""
-    parts = [p for p in loc if p != "body"]
-    if body is not None:
-        kept, node = [], body
-        for i, part in enumerate(parts):
-            if isinstance(node, dict) and part in node or \
-                    isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-                kept.append(part)
-                node = node[part]
-            elif i == len(parts) - 1:
-                kept.append(part)
-        parts = kept
-    parts = [str(p) for p in parts]
-    parts = [p for p in parts if not ("[" in p or "-" in p or p[:1].isupper()
-                                      or p in _TYPE_TAGS)]
-    return ".".join(parts) or None
-
-
-_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
-
-
-def _loads_or_none(raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return None
-
-
-def _first_error(error: ValidationError) -> dict:
-    """The error to report: an unsupported content part first, else the deepest location
-    (the union member that got furthest, e.g. the token-id list for ``"prompt": [true]``);
-    at equal depth, a member whose type matched (``"stop"``: five strings is "at most 4
-    items", not "a valid string"); members whose ``type`` tag differs from the item's are
-    left out (a ``function_call`` item without ``call_id`` is "call_id: Field required")."""
-    errors = error.errors()
-    for item in errors:
-        if item["type"] == "unsupported_content":
-            return item
-    wrong = {tuple(e["loc"][:-1]) for e in errors  # members whose "type" tag did not match
-             if e["type"] == "literal_error" and e["loc"] and e["loc"][-1] == "type"}
-    kept = [e for e in errors if not any(tuple(e["loc"][:len(w)]) == w for w in wrong)]
-    return max(kept or errors, key=lambda item: (len(item.get("loc", ())),
-                                                 not item["type"].endswith("_type")))
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -159,7 +108,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        param = _param_of(tuple(first.get("loc", ()))[1:])
+        param = param_of(tuple(first.get("loc", ()))[1:])
         return respond(request, APIError(400, f"{param}: {first.get('msg')}", param))
 
     @app.exception_handler(APIError)
@@ -199,8 +148,7 @@ def create_app(state: ServerState) -> FastAPI:
         if not ids:
             raise APIError(400, "the prompt is empty", param)
         if len(ids) > state.max_context:
-            raise APIError(400, f"the prompt has {len(ids)} tokens, more than the context of "
-                           f"{state.max_context} tokens", param, "context_length_exceeded")
+            raise prompt_too_long(len(ids), state.max_context, param)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
@@ -239,9 +187,7 @@ def create_app(state: ServerState) -> FastAPI:
         if isinstance(prompt, str):
             at_least = min_prompt_tokens([prompt], getattr(state.tokenizer, "max_token_chars", None))
             if at_least > state.max_context:
-                raise APIError(400, f"the prompt has at least {at_least} tokens, more than the "
-                               f"context of {state.max_context} tokens", "prompt",
-                               "context_length_exceeded")
+                raise prompt_too_long(at_least, state.max_context, "prompt", at_least=True)
             ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
         else:
             ids = list(prompt)
@@ -282,14 +228,14 @@ def _validate(raw: bytes, model: type[BaseModel]) -> Any:
     try:
         parsed = model.model_validate_json(raw)
     except ValidationError as error:
-        first = _first_error(error)
+        first = first_error(error)
         if first["type"] == "json_invalid":
             reason = (first.get("ctx") or {}).get("error", "")
             raise APIError(400, f"request body is not valid JSON: {reason}".rstrip(": ")) from None
         loc = tuple(first.get("loc", ()))
         if not loc and first["type"] in ("model_type", "model_attributes_type", "dict_type"):
             raise APIError(400, "request body must be a JSON object") from None
-        param = _param_of(loc, _loads_or_none(raw))
+        param = param_of(loc, loads_or_none(raw))
         raise APIError(400, f"{param}: {first.get('msg')}" if param else str(first.get("msg")),
                        param) from None
     unsupported = unsupported_field(parsed) if isinstance(parsed, SamplingFields) else None

@@ -36,7 +36,7 @@ from redlite.core.generation import GenerationRequest, GenerationResult
 from redlite.core.tokenizer import PromptTooLong, min_chat_tokens
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
 from redlite.core.worker import Event, Job
-from redlite.server.errors import APIError, as_api_error
+from redlite.server.errors import APIError, as_api_error, prompt_too_long
 from redlite.server.access import context_of
 from redlite.server.jobs import RETRY_AFTER_S, submit, watch_disconnect
 
@@ -244,8 +244,7 @@ class ChatService:
         # (rendering holds the GIL, so its cost is every concurrent request's delay).
         at_least = min_chat_tokens(request.messages, self.tokenizer)
         if at_least > self.max_context:
-            raise APIError(400, f"the prompt has at least {at_least} tokens, more than the context "
-                           f"of {self.max_context} tokens", "messages", "context_length_exceeded")
+            raise prompt_too_long(at_least, self.max_context, "messages", at_least=True)
         head, prefill = request, ""
         if request.continue_final and request.messages:  # rendered up to the answer's start
             head = replace(request, messages=request.messages[:-1], continue_final=False)
@@ -254,7 +253,7 @@ class ChatService:
             rendered, replayed = render_with_replay(self.tokenizer, head, self.replay,
                                                     render_request)
         except PromptTooLong as error:
-            raise APIError(400, str(error), "messages", "context_length_exceeded") from None
+            raise prompt_too_long(error.at_least, error.limit, "messages", at_least=True) from None
         except Exception as error:  # a template that rejects the conversation
             raise render_error(request.request_id, error) from None
         parse_tools = bool(request.tools) and request.tool_choice != "none"
@@ -273,8 +272,7 @@ class ChatService:
         if not ids:
             raise APIError(400, "the prompt is empty", "messages")
         if len(ids) > self.max_context:
-            raise APIError(400, f"the prompt has {len(ids)} tokens, more than the context of "
-                           f"{self.max_context} tokens", "messages", "context_length_exceeded")
+            raise prompt_too_long(len(ids), self.max_context, "messages")
         sampling = replace(request.sampling, constraint=constraint,
                            logprobs=request.logprobs if request.logprobs is not None
                            else request.sampling.logprobs)

@@ -16,8 +16,9 @@ for reasoning ``response.content_part.added`` / ``response.reasoning_text.delta`
 ``response.failed`` on an error). The deltas concatenate to the final object's texts.
 
 Usage: ``input_tokens`` = prompt tokens, ``input_tokens_details.cached_tokens`` = redlite's reused
-tokens (OpenAI counts cached tokens inside input_tokens), ``output_tokens``,
-``output_tokens_details.reasoning_tokens``.
+tokens (OpenAI counts cached tokens inside input_tokens), ``input_tokens_details.cache_write_tokens``
+= 0 (redlite keeps every prompt's state without a separate cache write; the SDK requires the
+field), ``output_tokens``, ``output_tokens_details.reasoning_tokens``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def item_id(prefix: str) -> str:
 
 def usage_object(usage: Usage) -> dict:
     return {"input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": min(usage.cached_tokens, usage.prompt_tokens)},
+            "input_tokens_details": {"cached_tokens": min(usage.cached_tokens, usage.prompt_tokens),
+                                     "cache_write_tokens": 0},
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
