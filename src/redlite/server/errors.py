@@ -92,12 +92,13 @@ class APIError(Exception):
 
 def prompt_too_long(tokens: int, context: int, param: str, at_least: bool = False) -> APIError:
     """The 400 (code ``context_length_exceeded``, naming ``param``) for a prompt of ``tokens``
-    tokens (a lower bound when ``at_least``) over a context of ``context`` tokens. The message
-    starts with Anthropic's wording, ``prompt is too long: N tokens > M maximum``, which Claude
-    Code's compact-and-retry and other agents match (parsing the counts), and goes on with
+    tokens (a lower bound when ``at_least``, said after the counts) over a context of ``context``
+    tokens. The message starts with Anthropic's wording, ``prompt is too long: N tokens > M
+    maximum``, which Claude Code's compact-and-retry and other agents match (parsing the
+    counts), and goes on with
     OpenAI's "maximum context length" phrase, on every surface."""
-    bound = "at least " if at_least else ""
-    return APIError(400, f"prompt is too long: {bound}{tokens} tokens > {context} maximum; this "
+    bound = f" (at least {tokens}: counted before tokenizing)" if at_least else ""
+    return APIError(400, f"prompt is too long: {tokens} tokens > {context} maximum{bound}; this "
                     f"model's maximum context length is {context} tokens", param,
                     "context_length_exceeded")
 
