@@ -67,10 +67,19 @@ def _load_weights(directory: Path) -> dict[str, torch.Tensor]:
     return {name: tensors[name] for name in tensors}
 
 
+def _uninitialized(config) -> torch.nn.Module:
+    """transformers' float32 model of ``config`` in eval mode, its weights left as allocated
+    (the callers load every one of them; random initialization took seconds)."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
 def _transformers_model(directory: Path, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
     """transformers' model built from our config.json, holding ``weights``."""
     config = transformers.AutoConfig.from_pretrained(str(directory))
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = _uninitialized(config)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     model.tie_weights()
@@ -88,7 +97,7 @@ def _transformers_gguf_model(path: Path, template: torch.nn.Module) -> torch.nn.
     parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=template)
     settings = {k: v for k, v in parsed["config"].items() if not k.startswith("_")}
     config = transformers.AutoConfig.for_model(**settings)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = _uninitialized(config)
     missing, unexpected = model.load_state_dict(parsed["tensors"], strict=False)
     assert not unexpected
     assert set(missing) <= {"lm_head.weight"}  # tied to the embedding
