@@ -106,6 +106,22 @@ def test_errors_in_openai_shape(echo, body, param):
     assert error["type"] == "invalid_request_error" and error["param"] == param
 
 
+@pytest.mark.parametrize("body,param,code", [
+    ({"input": "x", "conversation": "conv_1"}, "conversation", "unsupported_field"),
+    ({"input": "x", "conversation": {"id": "conv_1"}}, "conversation", "unsupported_field"),
+    ({"input": "x", "prompt": {"id": "pmpt_1", "version": "2"}}, "prompt", "unsupported_field"),
+    ({"input": [{"role": "user", "content": "x"}, {"type": "item_reference", "id": "msg_1"}]}, "input.1", None),
+])
+def test_fields_that_would_change_the_conversation_are_refused_not_ignored(echo, body, param, code):
+    """Ignoring these would answer another conversation than the client meant."""
+    r = echo.client.post("/v1/responses", json={"model": "m", **body})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == param and error["code"] == code
+    assert "not supported" in error["message"]
+    assert echo.client.post("/v1/responses", json={"model": "m", "input": "x", "conversation": None}).status_code == 200
+
+
 def test_prompt_too_long_names_input():
     with EchoApp(max_context=64) as small:
         r = small.client.post("/v1/responses", json={"model": "m", "input": "x" * 100})

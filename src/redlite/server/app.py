@@ -223,8 +223,8 @@ async def _json_body(request: Request) -> bytes:
 def _validate(raw: bytes, model: type[BaseModel]) -> Any:
     """``raw`` parsed into ``model`` (pydantic's JSON parser: strict types, nesting depth
     bounded, lone surrogates refused); raise a 400 APIError naming the offending field, or the
-    first field set that the server does not implement
-    (:data:`redlite.server.schemas.UNSUPPORTED_FIELDS`)."""
+    first field set that the server does not implement (the model's ``unsupported_fields``:
+    :func:`redlite.server.schemas.unsupported_field`)."""
     try:
         parsed = model.model_validate_json(raw)
     except ValidationError as error:
@@ -238,7 +238,7 @@ def _validate(raw: bytes, model: type[BaseModel]) -> Any:
         param = param_of(loc, loads_or_none(raw))
         raise APIError(400, f"{param}: {first.get('msg')}" if param else str(first.get("msg")),
                        param) from None
-    unsupported = unsupported_field(parsed) if isinstance(parsed, SamplingFields) else None
+    unsupported = unsupported_field(parsed)
     if unsupported is not None:
         name, what = unsupported
         raise APIError(400, f"{what} is not supported by this server", name, "unsupported_field")

@@ -4,20 +4,21 @@ Field meanings follow OpenAI's Responses API reference. Models are strict (no st
 coercion) and accept unknown fields (``truncation``, ``user``, ``service_tier``,
 ``safety_identifier``, ``client_metadata``, ``top_logprobs`` ... are ignored). Input items are
 typed by ``type`` (a message may omit it); item types the converter does not use
-(``item_reference``, ``custom_tool_call``, ``local_shell_call``, ``web_search_call`` ...) are
-accepted and skipped, and so are tools of types other than ``function``. Image, file and audio
-parts are refused (``unsupported_content``).
+(``custom_tool_call``, ``local_shell_call``, ``web_search_call`` ...) are accepted and skipped,
+and so are tools of types other than ``function``. Image, file and audio parts and
+``item_reference`` items are refused (``unsupported_content``), and so are the fields of
+:data:`UNSUPPORTED_RESPONSES_FIELDS`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from redlite.server.schemas import int_in
+from redlite.server.schemas import Unsupported, int_in
 
 _STRICT = ConfigDict(extra="allow", strict=True)
 KNOWN_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
@@ -98,6 +99,9 @@ class OtherItem(BaseModel):
     def _unknown_only(self):
         if self.type in KNOWN_ITEMS:
             raise PydanticCustomError("item_type", "not a valid {type} item", {"type": self.type})
+        if self.type == "item_reference":  # skipping it would silently drop a piece of the input
+            raise PydanticCustomError("unsupported_content", "item_reference is not supported: send "
+                                      "the item itself, or continue with previous_response_id")
         return self
 
 
@@ -152,10 +156,20 @@ class TextOptions(BaseModel):
     format: dict[str, Any] | None = None
 
 
+UNSUPPORTED_RESPONSES_FIELDS: dict[str, Unsupported] = {
+    "conversation": Unsupported((None,), "conversation (the Conversations API; continue with "
+                                         "previous_response_id or send the whole input)"),
+    "prompt": Unsupported((None,), "prompt (stored prompt templates)"),
+}
+"""Responses fields not implemented: ignoring them would answer another conversation or prompt
+than the client meant, so a request setting one is refused (400 ``unsupported_field``)."""
+
+
 class ResponsesRequest(BaseModel):
     """Body of ``POST /v1/responses``."""
 
     model_config = _STRICT
+    unsupported_fields: ClassVar[dict[str, Unsupported]] = UNSUPPORTED_RESPONSES_FIELDS
     model: StrictStr | None = None
     input: StrictStr | Annotated[list[InputItem], Field(min_length=1)]
     instructions: StrictStr | None = None

@@ -14,7 +14,7 @@ they are a 400 naming the field, never silently ignored.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool,
                       StrictStr, StringConstraints, Tag, ValidationInfo, field_validator,
@@ -80,10 +80,11 @@ def json_equal(a: Any, b: Any) -> bool:
 
 
 def unsupported_field(body: BaseModel) -> tuple[str, str] | None:
-    """(field, feature) of the first field of ``body`` in :data:`UNSUPPORTED_FIELDS` set to a
-    value other than its "off" values, or None."""
+    """(field, feature) of the first field of ``body`` in its model's ``unsupported_fields``
+    table (:data:`UNSUPPORTED_FIELDS` for the chat/completions bodies; none: no such field)
+    set to a value other than its "off" values, or None."""
     extra = body.model_extra or {}
-    for name, entry in UNSUPPORTED_FIELDS.items():
+    for name, entry in getattr(type(body), "unsupported_fields", {}).items():
         if name in extra:
             value = extra[name]
         elif name in body.model_fields_set:
@@ -226,6 +227,7 @@ class SamplingFields(BaseModel):
     """Fields shared by chat and legacy completions."""
 
     model_config = _STRICT
+    unsupported_fields: ClassVar[dict[str, Unsupported]] = UNSUPPORTED_FIELDS
     model: StrictStr | None = None
     max_tokens: int_in(ge=1) | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
