@@ -109,3 +109,22 @@ def test_responses_required_calls_end():
         body = r.json()
         calls = [json.loads(i["arguments"]) for i in body["output"] if i["type"] == "function_call"]
         assert body["status"] == "completed" and calls == [{"city": f"c{i}"} for i in range(MAX_FORCED_CALLS)]
+
+
+@pytest.mark.timeout(60)
+def test_a_tool_whose_schema_cannot_be_compiled_is_named():
+    """A forced call over several tools, one with a pattern llguidance rejects (a lookahead):
+    the 400 names that tool, on the chat and the Anthropic routes."""
+    bad = {"type": "object", "properties": {"path": {"type": "string", "pattern": "^(?!foo).*$"}}}
+    with echo_client() as client:
+        r = client.post("/v1/chat/completions", json={
+            "model": "echo", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+            "tools": [WEATHER, {"type": "function", "function": {"name": "read_file", "parameters": bad}}]})
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["param"] == "tools" and error["message"].startswith("tool 'read_file': cannot build"), error
+        r = client.post("/v1/messages", json={
+            "model": "m", "max_tokens": 20, "tool_choice": {"type": "any"},
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"name": "get_weather", "input_schema": CITY}, {"name": "read_file", "input_schema": bad}]})
+        assert r.status_code == 400 and "tool 'read_file'" in r.json()["error"]["message"], r.text

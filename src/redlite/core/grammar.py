@@ -91,6 +91,26 @@ def check_constraint(spec: ConstraintSpec, tokenizer: Any = None) -> None:
         raise ConstraintError(_reason(messages[0] if messages else "?"), param)
 
 
+def blame_tool(error: ConstraintError, tools: list[dict], tool_format: str | None,
+               tokenizer: Any = None) -> ConstraintError:
+    """``error`` (llguidance rejected a grammar of calls to ``tools``) naming the first tool
+    whose forced call alone is rejected; ``error`` itself when none is alone."""
+    from redlite.core.constraints import build_constraint
+
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            continue
+        try:
+            spec = build_constraint(None, [tool], name, tool_format)
+            if spec is not None:
+                check_constraint(spec, tokenizer)
+        except ConstraintError as alone:
+            return ConstraintError(f"tool {name!r}: {alone}", error.param)
+    return error
+
+
 def _reason(llguidance_error: str) -> str:
     """The client's message for a rejected grammar: llguidance's reason, without the position
     in and the listing of our generated grammar (internals, not the request's)."""

@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator
 
 from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
 from redlite.core.constraints import ConstraintError, ConstraintSpec, build_constraint
-from redlite.core.grammar import check_constraint
+from redlite.core.grammar import blame_tool, check_constraint
 from redlite.core.chat_render import (detect_formats, render_request, template_renders_tools,
                                       tool_schemas)
 from redlite.core.replay import REPLAY_MODES, ReplayStore
@@ -313,6 +313,8 @@ class ChatService:
                 log.warning("%s tool-call grammar not usable, calls unconstrained: %s",
                             request.request_id, error)
                 return None
+            if error.param == "tools" and request.tools:
+                error = blame_tool(error, request.tools, tool_format, self.tokenizer)
             raise APIError(400, str(error), error.param) from None
         return spec
 
