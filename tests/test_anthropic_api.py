@@ -85,6 +85,23 @@ def test_raw_stream_event_order_and_ping_free_text(echo):
     assert text == "hey"
 
 
+def test_message_start_usage_already_splits_reused_and_prefilled_input(echo):
+    """``message_start`` is sent once the engine has planned the request, so a client reading
+    input usage there (as some proxies and loggers do) sees the cache hit the final usage has."""
+    history = [{"role": "user", "content": "a first question"}]
+    for turn in range(2):
+        body = {"model": "m", "max_tokens": 50, "stream": True, "messages": history}
+        with echo.client.stream("POST", "/v1/messages", json=body) as r:
+            frames = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: ")]
+        start = frames[0]["message"]["usage"]
+        final = next(f for f in frames if f["type"] == "message_delta")["usage"]
+        assert (start["input_tokens"], start["cache_read_input_tokens"]) == \
+            (final["input_tokens"], final["cache_read_input_tokens"])
+        assert (start["cache_read_input_tokens"] > 0) == (turn == 1)
+        text = "".join(f["delta"]["text"] for f in frames if f["type"] == "content_block_delta")
+        history += [{"role": "assistant", "content": text}, {"role": "user", "content": "and a second"}]
+
+
 def test_count_tokens(echo):
     client = sdk(echo)
     messages = [{"role": "user", "content": "hello"}]

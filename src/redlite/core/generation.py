@@ -53,6 +53,9 @@ class GenerationRequest:
     n: how many answers (choices) to generate for the prompt, one after another.
     session_key: the client's session key (names the conversation when parked; in log lines).
     message_info: (role, first tool-call id or None) per chat message, for the cache-miss line.
+    reused: set by the engine thread once the first choice's reuse plan is made, before its
+    prefill runs: the prompt tokens taken from held state (None until then; for usage reports
+    sent before the answer, as Anthropic's ``message_start``).
     """
 
     prompt_ids: list[int]
@@ -66,6 +69,7 @@ class GenerationRequest:
     n: int = 1
     session_key: str | None = None
     message_info: list[tuple[str, str | None]] = field(default_factory=list)
+    reused: int | None = None
 
 
 @dataclass
@@ -328,6 +332,8 @@ class Generator:
                 line += f" session={request.session_key}"
             log.info("%s %s", request.request_id, line)
         planned = self._clock()
+        if index == 0:
+            request.reused = plan.keep
         logits, complete = self._execute(plan, request)
         return plan, planned, logits, complete
 

@@ -47,11 +47,17 @@ def _session_key(request: Request, body: MessagesRequest) -> str | None:
 
 
 async def _stream(run: ChatRun, stream: MessageStream, request_id: str) -> AsyncIterator[bytes]:
+    """The SSE body. ``message_start`` waits for the run's first piece or tick, by which time
+    the engine has planned the request (unless it is still queued), so its usage already splits
+    the prompt into reused and prefilled tokens."""
+    started = False
     try:
-        for event in stream.start():
-            yield sse_event(event)
         try:
             async for piece in run:
+                if not started:
+                    started = True
+                    for event in stream.start(run.reused_tokens):
+                        yield sse_event(event)
                 if piece is None:
                     yield sse_event(stream.ping())
                     continue
@@ -60,6 +66,9 @@ async def _stream(run: ChatRun, stream: MessageStream, request_id: str) -> Async
         except APIError as error:
             yield sse_event(error.body("anthropic", request_id))
             return
+        if not started:
+            for event in stream.start(run.reused_tokens):
+                yield sse_event(event)
         for event in stream.finish(run.output, run.usage):
             yield sse_event(event)
     finally:

@@ -90,11 +90,13 @@ class MessageStream:
         self._thinking: list[str] = []
         self._tool_blocks: dict[int, int] = {}  # tool call index -> block index
 
-    def start(self) -> list[dict]:
-        """``message_start``; input usage is the whole prompt until the final count is known."""
+    def start(self, cached_tokens: int | None = None) -> list[dict]:
+        """``message_start``; its input usage splits the prompt by ``cached_tokens`` (the reused
+        tokens, once the engine has planned the request; None: not known yet, all uncached)."""
         message = {**_envelope(self.message_id, self.model), "content": [], "stop_reason": None,
                    "stop_sequence": None,
-                   "usage": usage_object(Usage(prompt_tokens=self.prompt_tokens))}
+                   "usage": usage_object(Usage(prompt_tokens=self.prompt_tokens,
+                                               cached_tokens=cached_tokens or 0))}
         return [{"type": "message_start", "message": message}]
 
     @staticmethod

@@ -46,6 +46,12 @@ class ChatRun:
         self.prompt_tokens = self._stream.prompt_tokens
         self._watcher = asyncio.ensure_future(watch_disconnect(self.http_request, self._stream))
 
+    @property
+    def reused_tokens(self) -> int | None:
+        """Prompt tokens taken from held state, once the engine has planned the request (None
+        before, and before :meth:`start`)."""
+        return self._stream.prepared.generation.reused if self._stream is not None else None
+
     async def finish(self) -> None:
         """Run to the end (a non-streamed answer: ``output`` and ``usage`` set), then close."""
         try:
