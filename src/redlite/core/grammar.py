@@ -72,7 +72,7 @@ def grammar_tokenizer(tokenizer: Any) -> llguidance.LLTokenizer:
 
 def _pipeline_json(backend: Any) -> str:
     """``backend`` (a ``tokenizers.Tokenizer``) as JSON without padding or truncation; edited
-    only when it has either (parsing and writing the JSON again holds the GIL ~0.2 s)."""
+    only when it has either (parsing and writing the whole JSON again holds the GIL)."""
     if backend.padding is None and backend.truncation is None:
         return backend.to_str()
     spec = json.loads(backend.to_str())
