@@ -3,6 +3,7 @@ running request gets 503 (JSON, or an SSE error event then ``data: [DONE]``), wa
 503; conversations are saved to --session-dir; a second signal exits at once, cleanly."""
 
 import json
+import logging
 import signal
 import threading
 import time
@@ -239,3 +240,47 @@ def test_signals_are_ignored_once_serve_has_returned():
         gc.enable()
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def test_a_forced_exit_before_the_lifespan_shutdown_logs_no_traceback():
+    """A second signal right after the first sets uvicorn's force_exit before its shutdown
+    reaches the lifespan's: the lifespan task, left waiting, was cancelled when the loop closed
+    and uvicorn logged the CancelledError's traceback (a CI failure). Served as ``serve``
+    configures uvicorn, the forced exit logs no error."""
+    import socket
+
+    from echo_app import echo_state
+    from redlite.server.app import create_app
+    from redlite.server.run import Stopper, _Server, uvicorn_config
+
+    class Errors(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.ERROR)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    state = echo_state()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    config = uvicorn_config(create_app(state), "127.0.0.1", listener.getsockname()[1], 10.0)
+    errors = Errors()  # uvicorn's loggers do not propagate to the root logger
+    logging.getLogger("uvicorn.error").addHandler(errors)
+    server = _Server(config, Stopper(), lambda: 0.0)
+    runner = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    try:
+        runner.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline and runner.is_alive(), "server did not start"
+            time.sleep(0.01)
+        server.stop()
+        server.force()
+        runner.join(10)
+        assert not runner.is_alive()
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(errors)
+        listener.close()
+        state.worker.shutdown(wait_s=2.0)
+    assert errors.messages == []

@@ -180,6 +180,17 @@ class _Server(uvicorn.Server):
                 self._after_start()
 
 
+def uvicorn_config(app, host: str, port: int, header_timeout_s: float) -> uvicorn.Config:
+    """uvicorn's settings for serving ``app``. The ASGI lifespan protocol is off: the app has
+    no start-up or shutdown handlers, and a second stop signal that forces uvicorn out before
+    the lifespan's shutdown leaves that task to be cancelled, which uvicorn logs as an error
+    with a traceback."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=10, http=HeaderTimeoutProtocol)
+    config.header_timeout_s = header_timeout_s
+    return config
+
+
 def freeze_imported_modules(engine: str) -> int:
     """Import the engine's modules now (torch's for ``torch``) and move every object alive
     (the imported modules' ~300k objects, which live as long as the process) out of the cyclic
@@ -267,10 +278,7 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
     if stopper.requested.is_set():
         worker.shutdown(wait_s=0.0)
         return 0
-    config = uvicorn.Config(built.app, host=args.host, port=args.port,
-                            log_level="warning", timeout_graceful_shutdown=10,
-                            http=HeaderTimeoutProtocol)
-    config.header_timeout_s = args.header_timeout_s
+    config = uvicorn_config(built.app, args.host, args.port, args.header_timeout_s)
     server = _Server(config, stopper, process_age_s,
                      after_start=lambda: start_tokenizer_prep(built.tokenizer))
     stopper.on_first += [lambda: worker.shutdown(wait_s=0.0), server.stop]
