@@ -1,17 +1,17 @@
 """Decode speed deep into a conversation, through the servers: redlite against llama-server.
 
     PYTHONPATH=src python bench/long_decode.py [--depths 500,2000,4000,7000] [--gen 96]
-                                               [--pairs 2] [--save]
+                                               [--pairs 2] [--kv-dtypes float32,float16] [--save]
 
 An agent's conversation holds thousands of tokens, and every token it decodes attends over all of
 them: past a few thousand, the attention's reading of the cache, not the weights, sets the speed.
-Both servers serve the bundled GGUF (as many threads as the machine has cores each, context
-8,192, llama-server with its default f16 cache, redlite with its float32 one) at once; for each depth, ``--pairs`` pairs of streamed
-chat requests (the order alternating within the pairs, so the shared machine's load moves both
-sides alike): the first DEPTH tokens (about) of ``bench/fixtures/long_context.txt`` plus a request
+The servers serve the bundled GGUF (as many threads as the machine has cores each, context
+8,192, llama-server with its default f16 cache, one redlite server per ``--kv-dtypes`` value) at
+once; for each depth, ``--pairs`` rounds of one streamed chat request to each server (the order
+rotating from round to round, so the shared machine's load moves every side alike): the first DEPTH tokens (about) of ``bench/fixtures/long_context.txt`` plus a request
 for a long essay, greedy, ``--gen`` tokens. Decode rate = (content chunks - 1) / (last chunk's
-time - first chunk's time) on the client; both servers stream one token per chunk. Prints medians
-and the median of the pairs' ratios; ``--save`` writes ``bench/results/long-decode-DATE-MACHINE``.
+time - first chunk's time) on the client; the servers stream one token per chunk. Prints medians
+and, per redlite server, the median of the rounds' ratios to llama-server; ``--save`` writes ``bench/results/long-decode-DATE-MACHINE``.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def main() -> None:
     parser.add_argument("--depths", default="500,2000,4000,7000")
     parser.add_argument("--gen", type=int, default=96)
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--kv-dtypes", default="float32",
+                        help="redlite's --kv-dtype values, one server each (e.g. float32,float16)")
     parser.add_argument("--llama-bin", help="folder holding llama-server")
     parser.add_argument("--save", action="store_true")
     parser.add_argument("--machine", default=platform.node())
@@ -95,30 +97,37 @@ def main() -> None:
     from redlite.loading.bundled import bundled_model_path
     model = bundled_model_path()
     depths = [int(d) for d in args.depths.split(",")]
+    kv_dtypes = args.kv_dtypes.split(",")
     run = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "machine": args.machine, "threads": os.cpu_count(), "gen": args.gen,
+           "machine": args.machine, "threads": os.cpu_count(), "gen": args.gen, "kv_dtypes": kv_dtypes,
            "command": "PYTHONPATH=src python bench/long_decode.py " + " ".join(sys.argv[1:]),
            "load_average_start": load_average(), "depths": {}}
-    ours = ServerProcess("--model", str(model), "--ctx-size", "8192", engine="torch", timeout_s=300)
-    theirs = LlamaServer(llama_binary("llama-server", args.llama_bin), model, 8192, os.cpu_count())
+    servers = {f"redlite_{kv}": ServerProcess("--model", str(model), "--ctx-size", "8192", "--kv-dtype", kv,
+                                              engine="torch", timeout_s=300) for kv in kv_dtypes}
     try:
+        servers["llama_cpp"] = LlamaServer(llama_binary("llama-server", args.llama_bin), model, 8192,
+                                           os.cpu_count())
+        names = list(servers)
         for depth in depths:
-            rates: dict[str, list[float]] = {"redlite": [], "llama_cpp": []}
+            rates: dict[str, list[float]] = {name: [] for name in names}
             for i in range(args.pairs):
-                # a different start per pair: neither server reuses the previous request's prompt
+                # a different start per round: no server reuses the previous request's prompt
                 text = TEXT[i * 50:i * 50 + int(depth * CHARS_PER_TOKEN)] + ASK
-                sides = [("redlite", ours.url), ("llama_cpp", theirs.url)]
-                for name, url in sides if i % 2 == 0 else sides[::-1]:
-                    rates[name].append(stream_decode(url, text, args.gen)[0])
-                print(f"depth {depth} pair {i + 1}: redlite {rates['redlite'][-1]:.1f}, "
-                      f"llama.cpp {rates['llama_cpp'][-1]:.1f} tok/s", flush=True)
-            ratios = [a / b for a, b in zip(rates["redlite"], rates["llama_cpp"])]
-            run["depths"][str(depth)] = {**rates, "redlite_median": statistics.median(rates["redlite"]),
-                                         "llama_cpp_median": statistics.median(rates["llama_cpp"]),
-                                         "ratio_median": statistics.median(ratios)}
+                order = names[i % len(names):] + names[:i % len(names)]  # rotated: load moves all alike
+                for name in order:
+                    rates[name].append(stream_decode(servers[name].url, text, args.gen)[0])
+                print(f"depth {depth} round {i + 1}: " + ", ".join(f"{n} {rates[n][-1]:.1f}" for n in names)
+                      + " tok/s", flush=True)
+            row = {**rates}
+            for name in names:
+                row[f"{name}_median"] = statistics.median(rates[name])
+                if name != "llama_cpp":
+                    row[f"{name}_ratio_median"] = statistics.median(
+                        a / b for a, b in zip(rates[name], rates["llama_cpp"]))
+            run["depths"][str(depth)] = row
     finally:
-        ours.stop()
-        theirs.stop()
+        for server in servers.values():
+            server.stop()
     run["load_average_end"] = load_average()
     text = markdown(run)
     print(text)
@@ -130,16 +139,20 @@ def main() -> None:
 
 
 def markdown(run: dict) -> str:
+    kv = run["kv_dtypes"]
     lines = [f"# Decode deep into a conversation, through the servers ({run['date']})", "",
              f"`{run['command']}`", "",
              f"Bundled SmolLM2-135M Q4_1, {run['threads']} threads each, {run['gen']} greedy tokens per "
-             f"request, streamed; load average {run['load_average_start']} at the start, "
-             f"{run['load_average_end']} at the end (a shared machine).", "",
-             "| depth (prompt tokens, about) | redlite tok/s | llama-server tok/s | ratio (median of pairs) |",
-             "|---:|---:|---:|---:|"]
+             f"request, streamed; llama-server with its default f16 cache; load average "
+             f"{run['load_average_start']} at the start, {run['load_average_end']} at the end (a shared "
+             "machine).", "",
+             "| depth (prompt tokens, about) | " + " | ".join(f"redlite {k} cache tok/s" for k in kv)
+             + " | llama-server tok/s | " + " | ".join(f"ratio {k} (median of rounds)" for k in kv) + " |",
+             "|---:|" + "---:|" * (2 * len(kv) + 1)]
     for depth, row in run["depths"].items():
-        lines.append(f"| {depth} | {row['redlite_median']:.1f} | {row['llama_cpp_median']:.1f} | "
-                     f"{row['ratio_median']:.2f}x |")
+        lines.append(f"| {depth} | " + " | ".join(f"{row[f'redlite_{k}_median']:.1f}" for k in kv)
+                     + f" | {row['llama_cpp_median']:.1f} | "
+                     + " | ".join(f"{row[f'redlite_{k}_ratio_median']:.2f}x" for k in kv) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -77,6 +77,18 @@ def test_stream_equals_non_stream_on_the_model(model_server, prompt):
 
 
 def test_second_turn_reuses_state_and_matches_cold(model_server, cold_model_server):
+    _warm_equals_cold(model_server, cold_model_server)
+
+
+def test_float16_cache_second_turn_reuses_state_and_matches_cold():
+    """``--kv-dtype float16``: the held rows are the rounded ones a cold prefill writes."""
+    with ServerProcess("--kv-dtype", "float16", engine="torch", timeout_s=300) as warm, \
+            ServerProcess("--kv-dtype", "float16", "--no-reuse", engine="torch", timeout_s=300) as cold:
+        assert "KV cache float16" in warm.log()
+        _warm_equals_cold(warm, cold)
+
+
+def _warm_equals_cold(model_server, cold_model_server):
     results = {}
     for name, server in (("warm", model_server), ("cold", cold_model_server)):
         # a fresh conversation on each server (the system prompt differs from other tests)

@@ -13,8 +13,13 @@ from redlite.engine.base import StateSnapshot
 
 
 def engine_dtype(engine: Any) -> str:
-    """The compute dtype an engine names in its files (``"none"`` for the echo engine)."""
-    return str(getattr(engine, "dtype", "none")).removeprefix("torch.")
+    """The compute dtype an engine names in its files (``"none"`` for the echo engine), with
+    ``"+kv-<dtype>"`` when its KV cache holds another dtype (``engine.kv_dtype``): a state
+    computed with another cache dtype is not what this engine computes, so such files are
+    refused like those of another dtype."""
+    dtype = str(getattr(engine, "dtype", "none")).removeprefix("torch.")
+    kv = str(getattr(engine, "kv_dtype", dtype)).removeprefix("torch.")
+    return dtype if kv == dtype else f"{dtype}+kv-{kv}"
 
 
 def expected_for(engine: Any) -> Expected:

@@ -47,8 +47,10 @@ def load_engine(model: str | None, ctx_size: int | None = None, device: str | No
     parameters = (sum(p.numel() for p in engine.model.parameters())
                   + sum(m.shape[0] * m.shape[1] for m in quantized.values()))
     trimmed = release_free_heap()
-    log.info("model %s: %.1fM parameters, context %d tokens, device %s, dtype %s, "
-             "loaded in %.2f s (from %s)", model_id, parameters / 1e6, engine.max_context,
-             device, str(torch_dtype).removeprefix("torch."), time.perf_counter() - started, source)
+    log.info("model %s: %.1fM parameters, context %d tokens, device %s, dtype %s, KV cache %s "
+             "(%.0f MB at full context), loaded in %.2f s (from %s)", model_id, parameters / 1e6,
+             engine.max_context, device, str(torch_dtype).removeprefix("torch."),
+             str(engine.kv_dtype).removeprefix("torch."), engine.state.cache.nbytes(engine.max_context) / 1e6
+             if hasattr(engine.state, "cache") else 0.0, time.perf_counter() - started, source)
     log.debug("returned the free heap to the system after loading: %s", "yes" if trimmed else "not on this libc")
     return engine, tokenizer

@@ -9,6 +9,10 @@ import argparse
 from dataclasses import dataclass
 
 
+#: ``--kv-dtype`` choices (see :mod:`redlite.engine.kv_dtype`)
+KV_DTYPES = ("auto", "float32", "float16")
+
+
 @dataclass(frozen=True)
 class KernelOptions:
     """``cuda_graphs``: decode through captured CUDA graphs on CUDA (False: eager decode).
@@ -25,7 +29,9 @@ class KernelOptions:
     and seed give the same output whatever else runs; False: cuBLAS products, faster at large
     batches, equal to the lone step only up to rounding.
     ``heap_reuse``: on CPU, freed buffers stay in the C heap for the next ones (see
-    :func:`redlite.engine.heap.reuse_freed_memory`; False: glibc's defaults)."""
+    :func:`redlite.engine.heap.reuse_freed_memory`; False: glibc's defaults).
+    ``kv_dtype``: what the KV cache holds, ``"auto"`` (the model's dtype), ``"float32"`` or
+    ``"float16"`` (see :mod:`redlite.engine.kv_dtype`)."""
 
     cuda_graphs: bool = True
     triton: bool = True
@@ -35,10 +41,13 @@ class KernelOptions:
     onednn: bool = True
     batch_invariant: bool = False
     heap_reuse: bool = True
+    kv_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.pdl not in (None, 0, 1, 2):
             raise ValueError(f"pdl must be 0, 1 or 2, got {self.pdl!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
 
 
 def add_kernel_options(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +76,11 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                        help="on CPU, keep freed buffers in the C heap for the next ones instead of "
                             "mapping each large one afresh (prefill faster; resident memory stays at "
                             "its peak; --no-heap-reuse: glibc's defaults)")
+    group.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
+                       help="what the KV cache holds (auto: the model's dtype). float16 on CPU "
+                            "under a GGUF Llama-family model: half the cache memory and faster "
+                            "decode deep into a conversation; the logits move slightly (a "
+                            "greedy near-tie can flip)")
 
 
 def kernel_options_from_args(args: argparse.Namespace) -> KernelOptions:

@@ -8,10 +8,12 @@ from typing import Any, Sequence
 
 import torch
 
+from redlite.core.session_entries import engine_dtype
 from redlite.engine.base import Engine, EngineError, SamplingParams, StateSnapshot
 from redlite.engine.fingerprint import weights_fingerprint
 from redlite.engine.heap import reuse_freed_memory
 from redlite.engine.kernel_options import KernelOptions
+from redlite.engine.kv_dtype import kv_cache_dtype
 from redlite.engine.sampling import TorchSampler
 from redlite.engine.torch_checkpoints import TorchCheckpoints
 from redlite.engine.torch_graphs import TorchGraphs
@@ -35,7 +37,8 @@ class TorchEngine(TorchGraphs, TorchRanges, TorchCheckpoints, Engine):
     ``decode_step`` and a state with a KV cache (the Llama family and the Qwen3.5 hybrid)
     unless ``kernels.cuda_graphs`` is False; True on CPU runs the same step eagerly (tests).
     ``kernels``: :class:`~redlite.engine.kernel_options.KernelOptions` (None: defaults), also
-    what the decode step's ops are chosen by.
+    what the decode step's ops are chosen by, and the KV cache's dtype ``kv_dtype``
+    (:func:`~redlite.engine.kv_dtype.kv_cache_dtype`).
     ``decode_path`` names the path in use. On CPU, a model that decodes through the fused C step
     gives the threads to the kernels' pool: torch's own ops run on one thread outside prefill
     (:func:`redlite.kernels.native.claim_threads`).
@@ -69,14 +72,17 @@ class TorchEngine(TorchGraphs, TorchRanges, TorchCheckpoints, Engine):
         if prefill_chunk is None:
             prefill_chunk = 2048 if self.device.type == "cpu" else 8192
         self.prefill_chunk = max(1, int(prefill_chunk))
-        self.state = model.new_state(self.max_context, self.device, self.dtype)
-        self.can_rewind = bool(self.state.can_truncate)
-        self._token = torch.zeros(1, dtype=torch.long, device=self.device)
-        self._shared: dict[str, Any] = {"fingerprint": None}  # one per pool: every slot's model
         self.kernels = kernels or KernelOptions()
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and self.kernels.cuda_graphs
-        self._use_graphs = bool(cuda_graphs and hasattr(model, "decode_step") and hasattr(self.state, "cache"))
+        graphs = bool(cuda_graphs and hasattr(model, "decode_step"))
+        self.kv_dtype = kv_cache_dtype(self.kernels.kv_dtype, model, self.device, self.dtype, graphs)
+        extra = {} if self.kv_dtype == self.dtype else {"kv_dtype": self.kv_dtype}
+        self.state = model.new_state(self.max_context, self.device, self.dtype, **extra)
+        self.can_rewind = bool(self.state.can_truncate)
+        self._token = torch.zeros(1, dtype=torch.long, device=self.device)
+        self._shared: dict[str, Any] = {"fingerprint": None}  # one per pool: every slot's model
+        self._use_graphs = graphs and hasattr(self.state, "cache")
         self.device_resident = self.device.type != "cpu"
         self._graph_decoder = None
         if self.device.type == "cpu" and self.kernels.heap_reuse:
@@ -200,7 +206,7 @@ class TorchEngine(TorchGraphs, TorchRanges, TorchCheckpoints, Engine):
         fingerprint, dtype and the state's layout."""
         with torch.no_grad():  # normal tensors, which callers may edit or save
             tensors = self.state.export()
-        meta = {"fingerprint": self.fingerprint(), "dtype": str(self.dtype).removeprefix("torch."),
+        meta = {"fingerprint": self.fingerprint(), "dtype": engine_dtype(self),
                 "layout": type(self.state).__name__}
         return StateSnapshot(n_past=self.n_past, tensors=tensors, meta=meta, tensor_format="torch")
 

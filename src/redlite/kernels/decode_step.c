@@ -3,7 +3,9 @@
  * q/k norm, rotary, KV write, attention, o product, norm, gate/up product, silu * up, down
  * product, residual adds; then the final norm and the logits. Float32 throughout, the same
  * arithmetic as the torch layers (up to the order of float32 additions); products through
- * qmatvec (quantized or F32 rows). Driven by redlite/layers/cpu_decode.py. */
+ * qmatvec (quantized or F32 rows). The KV cache is float32 or float16 (model_t.kv_half: keys
+ * and values rounded to nearest-even as they are written, as torch's copy into a float16 cache
+ * rounds them). Driven by redlite/layers/cpu_decode.py. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -20,8 +22,9 @@ typedef struct {
 typedef struct {
     int32_t n_layers, hidden, inter, n_heads, n_kv, head_dim, rot_dim, vocab;
     float eps, qk_eps;
-    int32_t acts, pad;        /* activations of quantized products: 0 float32 (qmatvec), 1 8-bit
+    int32_t acts;             /* activations of quantized products: 0 float32 (qmatvec), 1 8-bit
                                  (qmatmul_q8x), 2 16-bit (qmatvec_q16x) */
+    int32_t kv_half;          /* the KV caches hold IEEE float16 values (else float32) */
     const layer_t *layers;
     const float *final_norm;
     mat_t lm_head;
@@ -60,16 +63,32 @@ static void rotate(float *x, const float *cos, const float *sin, int rot) {
     }
 }
 
-void decode_attention(const float *qkv, int qkv_rows, float *const *kv, const int64_t *max_tokens,
-                      const int64_t *lo, const int64_t *pos, int n_tok, int h, int g, int d, float *out);
+void decode_attention(const float *qkv, int qkv_rows, void *const *kv, const int64_t *max_tokens,
+                      const int64_t *lo, const int64_t *pos, int n_tok, int h, int g, int d, int half,
+                      float *out);
+
+/* d values of src into a cache row dst: copied (float32), or rounded to float16 */
+static void write_row(void *dst, const float *src, int d, int half) {
+    if (!half) {
+        memcpy(dst, src, sizeof(float) * d);
+        return;
+    }
+    uint16_t *out = (uint16_t *)dst;
+    int i = 0;
+    for (; i + 8 <= d; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < d; i++) out[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
 
 /* q/k norm, rotary and the KV write of each sequence's token, then attention of all heads of
  * all sequences on the pool (decode_attention.c); kv[t]: layer's cache of sequence t [2, KV, max_tokens[t], D] */
 static void attention(const model_t *m, const layer_t *l, int n_tok, float *qkv, const int64_t *pos,
-                      float *const *kv, const int64_t *max_tokens, int64_t *lo, float *out) {
+                      void *const *kv, const int64_t *max_tokens, int64_t *lo, float *out) {
     int h = m->n_heads, g = m->n_kv, d = m->head_dim, rows = (h + 2 * g) * d;
+    int64_t size = m->kv_half ? 2 : 4;
     for (int t = 0; t < n_tok; t++) {
-        float *q = qkv + (int64_t)t * rows, *cache = kv[t];
+        float *q = qkv + (int64_t)t * rows;
+        char *cache = (char *)kv[t];
         const float *cos = m->cos + pos[t] * m->rot_dim, *sin = m->sin + pos[t] * m->rot_dim;
         for (int i = 0; i < h + g; i++) {
             float *head = q + i * d;
@@ -77,19 +96,19 @@ static void attention(const model_t *m, const layer_t *l, int n_tok, float *qkv,
             rotate(head, cos, sin, m->rot_dim);
         }
         for (int i = 0; i < g; i++) {  /* k, v of this token into the cache at pos */
-            memcpy(cache + (i * max_tokens[t] + pos[t]) * d, q + (h + i) * d, sizeof(float) * d);
-            memcpy(cache + ((g + i) * max_tokens[t] + pos[t]) * d, q + (h + g + i) * d, sizeof(float) * d);
+            write_row(cache + (i * max_tokens[t] + pos[t]) * d * size, q + (h + i) * d, d, m->kv_half);
+            write_row(cache + ((g + i) * max_tokens[t] + pos[t]) * d * size, q + (h + g + i) * d, d, m->kv_half);
         }
         lo[t] = l->window > 0 && pos[t] + 1 > l->window ? pos[t] + 1 - l->window : 0;
     }
-    decode_attention(qkv, rows, kv, max_tokens, lo, pos, n_tok, h, g, d, out);
+    decode_attention(qkv, rows, kv, max_tokens, lo, pos, n_tok, h, g, d, m->kv_half, out);
 }
 
 /* Feed tokens[t] at position pos[t] of sequence t, for n_tok distinct sequences at once: the
  * products take all rows in one pass over the weights; every row is computed exactly as
  * decode_step computes it alone. kv[t]: sequence t's cache [layers, 2, KV, max_tokens[t], D];
  * logits: [n_tok, vocab]. */
-void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int64_t *pos, float *const *kv,
+void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int64_t *pos, void *const *kv,
                   const int64_t *max_tokens, float *logits) {
     int hid = m->hidden, qkv_rows = (m->n_heads + 2 * m->n_kv) * m->head_dim, att = m->n_heads * m->head_dim;
     int64_t *lo = (int64_t *)malloc(sizeof(int64_t) * n_tok);
@@ -98,7 +117,8 @@ void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int6
     float *xn = x + (size_t)hid * n_tok, *tmp = xn + (size_t)hid * n_tok, *qkv = tmp + (size_t)hid * n_tok;
     float *ao = qkv + (size_t)qkv_rows * n_tok, *gu = ao + (size_t)att * n_tok;
     float *act = gu + 2 * (size_t)m->inter * n_tok;
-    float **layer_kv = (float **)malloc(sizeof(float *) * n_tok);
+    void **layer_kv = (void **)malloc(sizeof(void *) * n_tok);
+    int64_t size = m->kv_half ? 2 : 4;
     const part_t *e = m->embed;
     if (e->fmt == F32)
         for (int t = 0; t < n_tok; t++) memcpy(x + (size_t)t * hid, e->data + tokens[t] * e->row_bytes, sizeof(float) * hid);
@@ -110,7 +130,7 @@ void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int6
         const layer_t *l = m->layers + i;
         for (int t = 0; t < n_tok; t++) {
             rms_norm(x + (size_t)t * hid, l->attn_norm, hid, m->eps, xn + (size_t)t * hid);
-            layer_kv[t] = kv[t] + i * 2 * (int64_t)m->n_kv * max_tokens[t] * m->head_dim;
+            layer_kv[t] = (char *)kv[t] + i * 2 * (int64_t)m->n_kv * max_tokens[t] * m->head_dim * size;
         }
         product(&l->qkv, xn, n_tok, hid, qkv, m->acts);
         attention(m, l, n_tok, qkv, pos, layer_kv, max_tokens, lo, ao);
@@ -134,6 +154,6 @@ void decode_batch(const model_t *m, int n_tok, const int64_t *tokens, const int6
 }
 
 /* Feed `token` at position `pos`; kv: the cache [layers, 2, KV, max_tokens, D]; logits: [vocab]. */
-void decode_step(const model_t *m, int64_t token, int64_t pos, float *kv, int64_t max_tokens, float *logits) {
+void decode_step(const model_t *m, int64_t token, int64_t pos, void *kv, int64_t max_tokens, float *logits) {
     decode_batch(m, 1, &token, &pos, &kv, &max_tokens, logits);
 }

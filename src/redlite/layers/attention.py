@@ -54,6 +54,17 @@ def causal_mask(start: int, n_new: int, window: int | None, device) -> torch.Ten
     return mask
 
 
+def cache_rows(keys: torch.Tensor, values: torch.Tensor, first: int, end: int, dtype: torch.dtype):
+    """Rows ``first .. end - 1`` of a layer's cache (``[n_kv_heads, max_tokens, head_dim]``) as
+    ``[1, n_kv_heads, end - first, head_dim]`` keys and values in ``dtype``: views when the
+    cache holds ``dtype``, else widened copies (a float16 cache under float32 queries; the
+    values read are the rounded ones every path reads)."""
+    k, v = keys[None, :, first:end], values[None, :, first:end]
+    if k.dtype != dtype:
+        k, v = k.to(dtype), v.to(dtype)
+    return k, v
+
+
 class Attention(nn.Module):
     """Self-attention with ``n_heads`` query heads sharing ``n_kv_heads`` key/value heads.
 
@@ -128,14 +139,16 @@ class Attention(nn.Module):
             # "positions" of one attention per kv head (no mask, no repeat of K/V).
             first = 0 if self.window is None else max(0, end - self.window)
             q = qk[0, :heads].view(1, kv_heads, heads // kv_heads, head_dim)
+            k, v = cache_rows(keys, values, first, end, q.dtype)
             with sdpa_backends(x.device):
-                out = F.scaled_dot_product_attention(q, keys[None, :, first:end], values[None, :, first:end])
+                out = F.scaled_dot_product_attention(q, k, v)
             return self.linear(out.reshape(1, heads * head_dim), self.o_weight, self.o_bias)
         # 4-D inputs: the CPU flash kernel rejects 3-D ones (and the math fallback is slow).
         q = qk[None, :, :heads].transpose(1, 2)
+        k, v = cache_rows(keys, values, 0, end, q.dtype)
         with sdpa_backends(x.device):
             out = F.scaled_dot_product_attention(
-                q, keys[None, :, :end], values[None, :, :end], attn_mask=mask,
+                q, k, v, attn_mask=mask,
                 is_causal=mask is None, enable_gqa=heads != kv_heads)
         return self.linear(out[0].transpose(0, 1).reshape(n_new, -1), self.o_weight, self.o_bias)
 

@@ -6,10 +6,11 @@ rotary, cache writes, attention, residual adds); on a 2-core CPU that costs as m
 matrix products themselves. :class:`FusedDecode` hands the whole step to C: the same float32
 arithmetic as the torch layers (up to the order of float32 additions), the products through the
 quantized kernels on the activations chosen (16-bit by default, see
-:mod:`redlite.layers.quant_weight`; F32 rows for dense weights), the KV cache written in place.
+:mod:`redlite.layers.quant_weight`; F32 rows for dense weights), the KV cache (float32 or float16,
+see :data:`CACHE_DTYPES`) written in place.
 
-:meth:`FusedDecode.build` returns None unless every condition holds (CPU, float32 weights and
-cache, the kernel library loaded, sizes the kernels take, at least one quantized matrix unless
+:meth:`FusedDecode.build` returns None unless every condition holds (CPU, float32 weights, the
+kernel library loaded, sizes the kernels take, at least one quantized matrix unless
 ``require_quantized`` is False); the model then decodes through torch as before.
 """
 
@@ -27,6 +28,16 @@ log = logging.getLogger("redlite.decode")
 
 #: Activation forms of the quantized products (``acts`` in decode_step.c's ``model_t``).
 ACTIVATIONS = {"float32": 0, "q8": 1, "q16": 2}
+#: Cache dtypes the step reads and writes (``kv_half`` in ``model_t``).
+CACHE_DTYPES = {torch.float32: 0, torch.float16: 1}
+
+
+def _cache_kind(caches: list[torch.Tensor]) -> int:
+    """``kv_half`` for ``caches`` (all of one dtype, contiguous, on CPU); raises ValueError."""
+    kinds = {CACHE_DTYPES.get(c.dtype) for c in caches}
+    if None in kinds or len(kinds) != 1 or any(c.device.type != "cpu" or not c.is_contiguous() for c in caches):
+        raise ValueError("the fused decode step needs contiguous CPU caches, all float32 or all float16")
+    return kinds.pop()
 
 class _Mat(ctypes.Structure):
     _fields_ = [("parts", ctypes.POINTER(native.Part)), ("n_parts", ctypes.c_int32), ("rows", ctypes.c_int32),
@@ -42,7 +53,7 @@ class _Model(ctypes.Structure):
     _fields_ = [("n_layers", ctypes.c_int32), ("hidden", ctypes.c_int32), ("inter", ctypes.c_int32),
                 ("n_heads", ctypes.c_int32), ("n_kv", ctypes.c_int32), ("head_dim", ctypes.c_int32),
                 ("rot_dim", ctypes.c_int32), ("vocab", ctypes.c_int32), ("eps", ctypes.c_float),
-                ("qk_eps", ctypes.c_float), ("acts", ctypes.c_int32), ("pad", ctypes.c_int32),
+                ("qk_eps", ctypes.c_float), ("acts", ctypes.c_int32), ("kv_half", ctypes.c_int32),
                 ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p),
                 ("lm_head", _Mat), ("embed", ctypes.POINTER(native.Part)), ("cos", ctypes.c_void_p),
                 ("sin", ctypes.c_void_p)]
@@ -99,8 +110,7 @@ class FusedDecode:
         """Logits float32 [1, vocab] of ``token`` fed at ``state.n_past`` (written into the
         cache; ``state.n_past`` is left to the caller)."""
         cache = state.cache.data
-        if cache.dtype != torch.float32 or cache.device.type != "cpu" or not cache.is_contiguous():
-            raise ValueError("the fused decode step needs a contiguous float32 CPU cache")
+        self.struct.kv_half = _cache_kind([cache])
         cos, sin = self.model.rotary.get(0, state.max_tokens)
         self.struct.cos, self.struct.sin = cos.data_ptr(), sin.data_ptr()
         logits = torch.empty(1, self.struct.vocab, dtype=torch.float32)
@@ -115,8 +125,7 @@ class FusedDecode:
         written; the ``n_past`` values are left to the caller."""
         n = len(tokens)
         caches = [state.cache.data for state in states]
-        if any(c.dtype != torch.float32 or c.device.type != "cpu" or not c.is_contiguous() for c in caches):
-            raise ValueError("the fused decode step needs contiguous float32 CPU caches")
+        self.struct.kv_half = _cache_kind(caches)
         cos, sin = self.model.rotary.get(0, max(state.max_tokens for state in states))
         self.struct.cos, self.struct.sin = cos.data_ptr(), sin.data_ptr()
         ids = torch.tensor(tokens, dtype=torch.int64)

@@ -185,8 +185,11 @@ class LlamaModel(CausalLM):
                                tensors[m + "down_proj.weight"], opt(m + "gate_proj.bias"),
                                opt(m + "up_proj.bias"), opt(m + "down_proj.bias"))
 
-    def new_state(self, max_tokens: int, device: torch.device | str, dtype: torch.dtype) -> LlamaState:
-        return LlamaState(self.spec, max_tokens, device, dtype)
+    def new_state(self, max_tokens: int, device: torch.device | str, dtype: torch.dtype,
+                  kv_dtype: torch.dtype | None = None) -> LlamaState:
+        """An empty state of ``max_tokens`` tokens; its cache holds ``kv_dtype`` (None:
+        ``dtype``; see :mod:`redlite.engine.kv_dtype`)."""
+        return LlamaState(self.spec, max_tokens, device, kv_dtype or dtype)
 
     def _masks(self, start: int, n_new: int, device) -> dict:
         """Attention mask per window size (None: causal from 0, or a single token)."""
