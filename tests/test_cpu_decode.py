@@ -77,7 +77,10 @@ def test_fused_step_equals_torch_decode(extra) -> None:
 
 @pytest.mark.parametrize("extra", [{"model_type": "llama", "num_attention_heads": 6, "num_key_value_heads": 2},
                                    {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 150,
-                                    "max_window_layers": 1}])
+                                    "max_window_layers": 1},
+                                   {"model_type": "llama", "head_dim": 64},  # values summed 64 columns at a time
+                                   {"model_type": "llama", "head_dim": 128, "num_attention_heads": 2,
+                                    "num_key_value_heads": 1}])
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 def test_fused_step_over_a_long_cache(extra, kv_dtype) -> None:
     """Attention over hundreds of cache rows: several spans per head merged (decode_attention.c),

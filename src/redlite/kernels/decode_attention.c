@@ -7,9 +7,10 @@
  * l of exp(score - m), and o = sum of exp(score - m) * value. The caller then merges the spans of
  * each head as flash-decoding does: out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c with M
  * the largest m_c. The arithmetic is the reference's up to the order of float32 additions (and
- * one division per head instead of one per row); a sequence's result never depends on the
- * other sequences of a batch (its spans start at its own window start). The cache holds float32
- * or IEEE float16 values (half: each row widened with F16C as it is read). */
+ * one division per head instead of one per row, and a polynomial exp good to about 2 float32
+ * ulps); a sequence's result never depends on the other sequences of a batch (its spans start
+ * at its own window start). The cache holds float32 or IEEE float16 values (half: a span's rows
+ * are widened once into a float32 buffer, then read as float32 rows are). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -17,39 +18,28 @@
 
 #define CHUNK 128  /* cache rows per task: a span's keys (or values) of one head fit in L1 */
 
-/* 8 cache values from p (float16 when half, else float32) as float32 */
-static inline __m256 load8(const void *p, int64_t i, int half) {
-    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
-                : _mm256_loadu_ps((const float *)p + i);
-}
-
-static inline float value_at(const void *p, int64_t i, int half) {
-    return half ? _cvtsh_ss(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
-static inline float dot(const float *a, const void *b, int d, int half) {
+static inline float dot(const float *a, const float *b, int d) {
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, half), acc);
+    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
     float s = hsum(acc);
-    for (; i < d; i++) s += a[i] * value_at(b, i, half);
+    for (; i < d; i++) s += a[i] * b[i];
     return s;
 }
 
 /* scores[j] = scale * q . keys[j] for n rows; four rows at a time (independent accumulators) */
-static void span_scores(const float *q, const void *keys, int64_t n, int d, float scale, float *scores,
-                        int half) {
+static void span_scores(const float *q, const float *keys, int64_t n, int d, float scale, float *scores) {
     int64_t j = 0;
     if (d % 8 == 0) {
         for (; j + 4 <= n; j += 4) {
-            int64_t k = j * d;
+            const float *k = keys + j * d;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int i = 0; i < d; i += 8) {
                 __m256 qv = _mm256_loadu_ps(q + i);
-                a0 = _mm256_fmadd_ps(qv, load8(keys, k + i, half), a0);
-                a1 = _mm256_fmadd_ps(qv, load8(keys, k + d + i, half), a1);
-                a2 = _mm256_fmadd_ps(qv, load8(keys, k + 2 * d + i, half), a2);
-                a3 = _mm256_fmadd_ps(qv, load8(keys, k + 3 * d + i, half), a3);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d + i), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * d + i), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * d + i), a3);
             }
             scores[j] = hsum(a0) * scale;
             scores[j + 1] = hsum(a1) * scale;
@@ -57,17 +47,111 @@ static void span_scores(const float *q, const void *keys, int64_t n, int d, floa
             scores[j + 3] = hsum(a3) * scale;
         }
     }
-    for (; j < n; j++) scores[j] = dot(q, half ? (const void *)((const uint16_t *)keys + j * d)
-                                              : (const void *)((const float *)keys + j * d), d, half) * scale;
+    for (; j < n; j++) scores[j] = dot(q, keys + j * d, d) * scale;
 }
 
-/* out[i] += p * v[i] (v: float16 when half, else float32) */
-static inline void axpy(float p, const void *v, float *out, int d, int half) {
+/* exp(x) of 8 values x <= 0 (inputs below -87 give exp(-87), ~1e-38): x = n ln2 + r, |r| <= ln2/2,
+ * exp(r) by Cephes' expf polynomial, times 2^n built in the exponent bits */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* scores[i] = exp(scores[i] - top) for n values; returns their sum */
+static float exp_shifted(float *scores, int64_t n, float top) {
+    __m256 t = _mm256_set1_ps(top), acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), t));
+        _mm256_storeu_ps(scores + i, p);
+        acc = _mm256_add_ps(acc, p);
+    }
+    float sum = hsum(acc);
+    if (i < n) {  /* the tail through the same polynomial, padded with zeros' lanes unused */
+        float tail[8] = {0};
+        memcpy(tail, scores + i, sizeof(float) * (n - i));
+        _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), t)));
+        for (int64_t k = 0; k < n - i; k++) {
+            scores[i + k] = tail[k];
+            sum += tail[k];
+        }
+    }
+    return sum;
+}
+
+static float max_of(const float *x, int64_t n) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, m);
+    for (int k = 0; k < 8; k++) top = fmaxf(top, lanes[k]);
+    for (; i < n; i++) top = fmaxf(top, x[i]);
+    return top;
+}
+
+/* float16 values src[0..n) as float32 into dst */
+static void widen(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
+}
+
+/* o = sum over n rows of p[i] * values[i] (rows of d values): when d is a multiple of 64, 64
+ * columns at a time summed in registers over all the rows (o is stored once, not after each
+ * row); else row by row */
+static inline void axpy(float p, const float *v, float *out, int d);
+
+static void weighted_rows(const float *p, const float *values, int64_t n, int d, float *o) {
+    if (d % 64 != 0) {
+        for (int i = 0; i < d; i++) o[i] = 0.f;
+        for (int64_t i = 0; i < n; i++) axpy(p[i], values + i * d, o, d);
+        return;
+    }
+    for (int c = 0; c < d; c += 64) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (int64_t i = 0; i < n; i++) {
+            const float *v = values + i * d + c;
+            __m256 w = _mm256_set1_ps(p[i]);
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a3);
+            a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), a4);
+            a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), a5);
+            a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), a6);
+            a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), a7);
+        }
+        _mm256_storeu_ps(o + c, a0);
+        _mm256_storeu_ps(o + c + 8, a1);
+        _mm256_storeu_ps(o + c + 16, a2);
+        _mm256_storeu_ps(o + c + 24, a3);
+        _mm256_storeu_ps(o + c + 32, a4);
+        _mm256_storeu_ps(o + c + 40, a5);
+        _mm256_storeu_ps(o + c + 48, a6);
+        _mm256_storeu_ps(o + c + 56, a7);
+    }
+}
+
+/* out[i] += p * v[i] */
+static inline void axpy(float p, const float *v, float *out, int d) {
     int i = 0;
     __m256 pv = _mm256_set1_ps(p);
     for (; i + 8 <= d; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pv, load8(v, i, half), _mm256_loadu_ps(out + i)));
-    for (; i < d; i++) out[i] += p * value_at(v, i, half);
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
+    for (; i < d; i++) out[i] += p * v[i];
 }
 
 typedef struct {
@@ -83,6 +167,7 @@ static void span_task(void *arg, int64_t begin, int64_t end) {
     const attn_job *j = (const attn_job *)arg;
     int rep = j->h / j->g, d = j->d;
     float scale = 1.f / sqrtf((float)d), scores[CHUNK];
+    float *wide = j->half ? (float *)malloc(sizeof(float) * 2 * CHUNK * d) : NULL;
     for (int64_t task = begin; task < end; task++) {
         int t = 0;
         while (t + 1 < j->n_tok && j->first_task[t + 1] <= task) t++;
@@ -90,26 +175,29 @@ static void span_task(void *arg, int64_t begin, int64_t end) {
         int kvh = (int)(local / n_spans);
         int64_t span = local % n_spans, row0 = j->lo[t] + span * CHUNK;
         int64_t rows = j->pos[t] + 1 - row0 < CHUNK ? j->pos[t] + 1 - row0 : CHUNK;
-        int64_t size = j->half ? 2 : 4;
-        const char *keys = (const char *)j->kv[t] + (kvh * j->max_tokens[t] + row0) * d * size;
-        const char *values = (const char *)j->kv[t] + ((j->g + kvh) * j->max_tokens[t] + row0) * d * size;
+        int64_t key_at = (kvh * j->max_tokens[t] + row0) * d, value_at = ((j->g + kvh) * j->max_tokens[t] + row0) * d;
+        const float *keys, *values;
+        if (j->half) {
+            widen((const uint16_t *)j->kv[t] + key_at, wide, rows * d);
+            widen((const uint16_t *)j->kv[t] + value_at, wide + CHUNK * d, rows * d);
+            keys = wide;
+            values = wide + CHUNK * d;
+        } else {
+            keys = (const float *)j->kv[t] + key_at;
+            values = (const float *)j->kv[t] + value_at;
+        }
         for (int r = 0; r < rep; r++) {
             int head = kvh * rep + r;
             const float *q = j->qkv + (int64_t)t * j->qkv_rows + (int64_t)head * d;
             float *part = j->parts + (j->first_part[t] + head * n_spans + span) * (d + 2), *o = part + 2;
-            span_scores(q, keys, rows, d, scale, scores, j->half);
-            float top = -INFINITY, sum = 0.f;
-            for (int64_t i = 0; i < rows; i++) top = fmaxf(top, scores[i]);
-            for (int i = 0; i < d; i++) o[i] = 0.f;
-            for (int64_t i = 0; i < rows; i++) {
-                float p = expf(scores[i] - top);
-                sum += p;
-                axpy(p, values + i * d * size, o, d, j->half);
-            }
+            span_scores(q, keys, rows, d, scale, scores);
+            float top = max_of(scores, rows), sum = exp_shifted(scores, rows, top);
+            weighted_rows(scores, values, rows, d, o);
             part[0] = top;
             part[1] = sum;
         }
     }
+    free(wide);
 }
 
 /* out[t, head, :] = softmax(q K^T / sqrt(d)) V over cache rows lo[t]..pos[t] of sequence t, for
@@ -140,7 +228,7 @@ void decode_attention(const float *qkv, int qkv_rows, void *const *kv, const int
                 const float *pc = part + c * (d + 2);
                 float w = expf(pc[0] - top);
                 sum += w * pc[1];
-                axpy(w, pc + 2, o, d, 0);
+                axpy(w, pc + 2, o, d);
             }
             for (int i = 0; i < d; i++) o[i] /= sum;
         }
