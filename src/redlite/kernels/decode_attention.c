@@ -7,7 +7,7 @@
  * l of exp(score - m), and o = sum of exp(score - m) * value. The caller then merges the spans of
  * each head as flash-decoding does: out = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c with M
  * the largest m_c. The arithmetic is the reference's up to the order of float32 additions (and
- * one division per head instead of one per row, and a polynomial exp good to about 2 float32
+ * one division per head instead of one per row, and a polynomial exp within 1.3 float32
  * ulps); a sequence's result never depends on the other sequences of a batch (its spans start
  * at its own window start). The cache holds float32 or IEEE float16 values (half: a span's rows
  * are widened once into a float32 buffer, then read as float32 rows are). */
