@@ -9,8 +9,9 @@
  * the largest m_c. The arithmetic is the reference's up to the order of float32 additions (and
  * one division per head instead of one per row, and a polynomial exp within 1.3 float32
  * ulps); a sequence's result never depends on the other sequences of a batch (its spans start
- * at its own window start). The cache holds float32 or IEEE float16 values (half: a span's rows
- * are widened once into a float32 buffer, then read as float32 rows are). */
+ * at its own window start). The cache holds float32 or IEEE float16 values (half: the first
+ * query head of a KV head widens the span's rows into a float32 buffer as it reads them, the
+ * group's other heads read that buffer). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -18,28 +19,48 @@
 
 #define CHUNK 128  /* cache rows per task: a span's keys (or values) of one head fit in L1 */
 
-static inline float dot(const float *a, const float *b, int d) {
+/* every function taking `half` and `store` is inlined where they are constants: one loop per use */
+#define INLINE static inline __attribute__((always_inline))
+
+/* 8 values from element i of src (float16 when half, else float32) as float32; when store is
+ * not NULL, also written to store[i] (a span widened while it is first read) */
+INLINE __m256 row8(const void *src, int64_t i, int half, float *store) {
+    __m256 v = half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)src + i)))
+                    : _mm256_loadu_ps((const float *)src + i);
+    if (store) _mm256_storeu_ps(store + i, v);
+    return v;
+}
+
+INLINE float value1(const void *src, int64_t i, int half, float *store) {
+    float v = half ? _cvtsh_ss(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+    if (store) store[i] = v;
+    return v;
+}
+
+INLINE float dot(const float *q, const void *src, int64_t at, int d, int half, float *store) {
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), row8(src, at + i, half, store), acc);
     float s = hsum(acc);
-    for (; i < d; i++) s += a[i] * b[i];
+    for (; i < d; i++) s += q[i] * value1(src, at + i, half, store);
     return s;
 }
 
-/* scores[j] = scale * q . keys[j] for n rows; four rows at a time (independent accumulators) */
-static void span_scores(const float *q, const float *keys, int64_t n, int d, float scale, float *scores) {
+/* scores[j] = scale * q . keys[j] for the n rows of keys (src: see row8); four rows at a time
+ * (independent accumulators) */
+INLINE void span_scores(const float *q, const void *keys, int half, float *store, int64_t n, int d,
+                        float scale, float *scores) {
     int64_t j = 0;
     if (d % 8 == 0) {
         for (; j + 4 <= n; j += 4) {
-            const float *k = keys + j * d;
+            int64_t k = j * d;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int i = 0; i < d; i += 8) {
                 __m256 qv = _mm256_loadu_ps(q + i);
-                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i), a0);
-                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d + i), a1);
-                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * d + i), a2);
-                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * d + i), a3);
+                a0 = _mm256_fmadd_ps(qv, row8(keys, k + i, half, store), a0);
+                a1 = _mm256_fmadd_ps(qv, row8(keys, k + d + i, half, store), a1);
+                a2 = _mm256_fmadd_ps(qv, row8(keys, k + 2 * d + i, half, store), a2);
+                a3 = _mm256_fmadd_ps(qv, row8(keys, k + 3 * d + i, half, store), a3);
             }
             scores[j] = hsum(a0) * scale;
             scores[j + 1] = hsum(a1) * scale;
@@ -47,7 +68,7 @@ static void span_scores(const float *q, const float *keys, int64_t n, int d, flo
             scores[j + 3] = hsum(a3) * scale;
         }
     }
-    for (; j < n; j++) scores[j] = dot(q, keys + j * d, d) * scale;
+    for (; j < n; j++) scores[j] = dot(q, keys, j * d, d, half, store) * scale;
 }
 
 /* exp(x) of 8 values x <= 0 (inputs below -87 give exp(-87), ~1e-38): x = n ln2 + r, |r| <= ln2/2,
@@ -102,37 +123,34 @@ static float max_of(const float *x, int64_t n) {
     return top;
 }
 
-/* float16 values src[0..n) as float32 into dst */
-static void widen(const uint16_t *src, float *dst, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
-}
-
-/* o = sum over n rows of p[i] * values[i] (rows of d values): when d is a multiple of 64, 64
- * columns at a time summed in registers over all the rows (o is stored once, not after each
- * row); else row by row */
-static inline void axpy(float p, const float *v, float *out, int d);
-
-static void weighted_rows(const float *p, const float *values, int64_t n, int d, float *o) {
+/* o = sum over the n rows of values (src: see row8) of p[i] * row i: when d is a multiple of 64,
+ * 64 columns at a time summed in registers over all the rows; else row by row into o */
+INLINE void weighted_rows(const float *p, const void *values, int half, float *store, int64_t n, int d,
+                          float *o) {
     if (d % 64 != 0) {
         for (int i = 0; i < d; i++) o[i] = 0.f;
-        for (int64_t i = 0; i < n; i++) axpy(p[i], values + i * d, o, d);
+        for (int64_t r = 0; r < n; r++) {
+            __m256 w = _mm256_set1_ps(p[r]);
+            int i = 0;
+            for (; i + 8 <= d; i += 8)
+                _mm256_storeu_ps(o + i, _mm256_fmadd_ps(w, row8(values, r * d + i, half, store), _mm256_loadu_ps(o + i)));
+            for (; i < d; i++) o[i] += p[r] * value1(values, r * d + i, half, store);
+        }
         return;
     }
     for (int c = 0; c < d; c += 64) {
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-        for (int64_t i = 0; i < n; i++) {
-            const float *v = values + i * d + c;
-            __m256 w = _mm256_set1_ps(p[i]);
-            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a0);
-            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a1);
-            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a2);
-            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a3);
-            a4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), a4);
-            a5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), a5);
-            a6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), a6);
-            a7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), a7);
+        for (int64_t r = 0; r < n; r++) {
+            int64_t v = r * d + c;
+            __m256 w = _mm256_set1_ps(p[r]);
+            a0 = _mm256_fmadd_ps(w, row8(values, v, half, store), a0);
+            a1 = _mm256_fmadd_ps(w, row8(values, v + 8, half, store), a1);
+            a2 = _mm256_fmadd_ps(w, row8(values, v + 16, half, store), a2);
+            a3 = _mm256_fmadd_ps(w, row8(values, v + 24, half, store), a3);
+            a4 = _mm256_fmadd_ps(w, row8(values, v + 32, half, store), a4);
+            a5 = _mm256_fmadd_ps(w, row8(values, v + 40, half, store), a5);
+            a6 = _mm256_fmadd_ps(w, row8(values, v + 48, half, store), a6);
+            a7 = _mm256_fmadd_ps(w, row8(values, v + 56, half, store), a7);
         }
         _mm256_storeu_ps(o + c, a0);
         _mm256_storeu_ps(o + c + 8, a1);
@@ -176,23 +194,18 @@ static void span_task(void *arg, int64_t begin, int64_t end) {
         int64_t span = local % n_spans, row0 = j->lo[t] + span * CHUNK;
         int64_t rows = j->pos[t] + 1 - row0 < CHUNK ? j->pos[t] + 1 - row0 : CHUNK;
         int64_t key_at = (kvh * j->max_tokens[t] + row0) * d, value_at = ((j->g + kvh) * j->max_tokens[t] + row0) * d;
-        const float *keys, *values;
-        if (j->half) {
-            widen((const uint16_t *)j->kv[t] + key_at, wide, rows * d);
-            widen((const uint16_t *)j->kv[t] + value_at, wide + CHUNK * d, rows * d);
-            keys = wide;
-            values = wide + CHUNK * d;
-        } else {
-            keys = (const float *)j->kv[t] + key_at;
-            values = (const float *)j->kv[t] + value_at;
-        }
+        const uint16_t *half_kv = (const uint16_t *)j->kv[t];
+        const float *keys = (const float *)j->kv[t] + key_at, *values = (const float *)j->kv[t] + value_at;
         for (int r = 0; r < rep; r++) {
             int head = kvh * rep + r;
             const float *q = j->qkv + (int64_t)t * j->qkv_rows + (int64_t)head * d;
             float *part = j->parts + (j->first_part[t] + head * n_spans + span) * (d + 2), *o = part + 2;
-            span_scores(q, keys, rows, d, scale, scores);
+            /* a float16 span: its first head widens the rows as it reads them, the others read those */
+            if (j->half && r == 0) span_scores(q, half_kv + key_at, 1, wide, rows, d, scale, scores);
+            else span_scores(q, j->half ? wide : keys, 0, NULL, rows, d, scale, scores);
             float top = max_of(scores, rows), sum = exp_shifted(scores, rows, top);
-            weighted_rows(scores, values, rows, d, o);
+            if (j->half && r == 0) weighted_rows(scores, half_kv + value_at, 1, wide + CHUNK * d, rows, d, o);
+            else weighted_rows(scores, j->half ? wide + CHUNK * d : values, 0, NULL, rows, d, o);
             part[0] = top;
             part[1] = sum;
         }
