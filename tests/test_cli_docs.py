@@ -77,3 +77,15 @@ def test_missing_or_bad_model_is_one_error_line(tmp_path):
         assert "Traceback" not in output
         errors = [line for line in output.splitlines() if " ERROR " in line]
         assert len(errors) == 1 and "cannot load the model" in errors[0] and fragment in errors[0]
+
+
+@pytest.mark.timeout(90)
+def test_kv_dtype_with_the_echo_engine_is_one_error_line():
+    """The echo engine has no KV cache: ``--kv-dtype float16`` there stops the start with one
+    error line and status 1 (it used to be ignored, and the server served)."""
+    done = run_cli("serve", "--engine", "echo", "--port", "0", "--kv-dtype", "float16")
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 1, output
+    assert "Traceback" not in output
+    errors = [line for line in output.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "--kv-dtype float16" in errors[0] and "echo engine" in errors[0]
