@@ -5,6 +5,7 @@ import json
 import re
 
 import anthropic
+import pydantic
 import pytest
 
 from sdk_app import EchoApp
@@ -306,3 +307,29 @@ def test_prompt_too_long_in_anthropic_wording(chars):
             assert error["type"] == "invalid_request_error"
             assert re.match(r"prompt is too long: \d+ tokens > 64 maximum",
                                 error["message"]), error["message"]
+
+
+class Answer(pydantic.BaseModel):
+    n: int
+
+
+@pytest.mark.timeout(60)
+def test_structured_output_follows_the_schema(echo):
+    """``output_config.format`` (and the beta's top-level ``output_format``) constrain the text
+    to the JSON schema, as ``response_format`` does on chat: the SDK's ``messages.parse`` gets
+    its object (the echo engine would say '{"n": 42} and more' unconstrained)."""
+    client = sdk(echo)
+    said = [{"role": "user", "content": '{"n": 42} and more'}]
+    parsed = client.messages.parse(model="m", max_tokens=50, messages=said, output_format=Answer)
+    assert parsed.parsed_output == Answer(n=42) and parsed.stop_reason == "end_turn"
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with client.messages.stream(model="m", max_tokens=50, messages=said,
+                                output_config={"format": {"type": "json_schema", "schema": schema}}) as stream:
+        assert stream.get_final_text() == '{"n": 42}'
+    beta = echo.client.post("/v1/messages", json={"model": "m", "max_tokens": 50, "messages": said,
+                                                  "output_format": {"type": "json_schema", "schema": schema}})
+    assert beta.json()["content"][0]["text"] == '{"n": 42}'
+    bad = echo.client.post("/v1/messages", json={"model": "m", "max_tokens": 50, "messages": said,
+                                                 "output_config": {"format": {"type": "json_schema",
+                                                                              "schema": {"type": "bogus"}}}})
+    assert bad.status_code == 400 and "output_config.format" in bad.json()["error"]["message"]

@@ -77,3 +77,24 @@ def test_missing_or_bad_model_is_one_error_line(tmp_path):
         assert "Traceback" not in output
         errors = [line for line in output.splitlines() if " ERROR " in line]
         assert len(errors) == 1 and "cannot load the model" in errors[0] and fragment in errors[0]
+
+
+@pytest.mark.timeout(90)
+def test_kv_dtype_with_the_echo_engine_is_one_error_line():
+    """The echo engine has no KV cache: ``--kv-dtype float16`` there stops the start with one
+    error line and status 1 (it used to be ignored, and the server served)."""
+    done = run_cli("serve", "--engine", "echo", "--port", "0", "--kv-dtype", "float16")
+    output = (done.stdout + done.stderr).strip()
+    assert done.returncode == 1, output
+    assert "Traceback" not in output
+    errors = [line for line in output.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "--kv-dtype float16" in errors[0] and "echo engine" in errors[0]
+
+
+@pytest.mark.timeout(30)
+def test_kv_dtype_help_claims_no_speed_up():
+    """The README (and bench/results/long-decode-*-s34-notes.md) measured float16 decoding at
+    float32's speed: ``--help`` must not promise faster decode (it did)."""
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
+    action = next(a for a in commands.choices["serve"]._actions if "--kv-dtype" in a.option_strings)
+    assert "half the cache memory" in action.help and "faster" not in action.help

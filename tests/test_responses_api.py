@@ -221,3 +221,20 @@ def test_objects_and_events_validate_against_the_sdk_types(echo):
         for frame in frames:
             events.validate_python(frame)
         assert frames[-1]["response"]["usage"]["input_tokens_details"]["cache_write_tokens"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_input_tokens_count_is_the_prompt_the_response_reads(echo):
+    """``POST /v1/responses/input_tokens`` (the SDK's ``responses.input_tokens.count``) counts the
+    prompt a response to the same body would read, previous response included, generating
+    nothing (it was a 405 "Method Not Allowed", the path taken for a response id)."""
+    client = sdk(echo)
+    first = client.responses.create(model="m", input="hello there", instructions="sys")
+    fields = dict(model="m", input="and again", previous_response_id=first.id)
+    prefilled = echo.engine.prefilled_tokens
+    counted = client.responses.input_tokens.count(**fields)
+    assert counted.object == "response.input_tokens" and echo.engine.prefilled_tokens == prefilled
+    reply = client.responses.create(**fields)
+    assert counted.input_tokens == reply.usage.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(model="m", input="x", previous_response_id="resp_gone")

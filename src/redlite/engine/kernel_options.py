@@ -78,9 +78,9 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
                             "its peak; --no-heap-reuse: glibc's defaults)")
     group.add_argument("--kv-dtype", choices=KV_DTYPES, default="auto",
                        help="what the KV cache holds (auto: the model's dtype). float16 on CPU "
-                            "under a GGUF Llama-family model: half the cache memory and faster "
-                            "decode deep into a conversation; the logits move slightly (a "
-                            "greedy near-tie can flip)")
+                            "under a GGUF Llama-family model: half the cache memory (and of every "
+                            "parked conversation and session file), decode at about float32's "
+                            "speed; the logits move slightly (a greedy near-tie can flip)")
 
 
 def kernel_options_from_args(args: argparse.Namespace) -> KernelOptions:

@@ -2,9 +2,8 @@
 <redlite.engine.kernel_options.KernelOptions>`).
 
 A float16 cache under float32 weights halves the cache's memory (and the RAM a parked
-conversation takes) and what every decode token reads from it: deep into a conversation that
-read is most of a CPU decode step's time (the bundled model's weights are 98 MB; its float32
-cache at 7,000 tokens is 322 MB). Keys and values are computed in float32 and rounded to
+conversation takes) and what every decode token reads from it; it does not make decode faster
+(its rows are widened once per span, which costs what the halved read saves: ``bench/results/``). Keys and values are computed in float32 and rounded to
 nearest-even as they are written; every path (prefill, the fused C decode step, a batch of them,
 restores from RAM or disk) reads the same rounded values, so a warm continuation still equals a
 cold one. The logits move against a float32 cache (keys of magnitude 16-32 are rounded by up to

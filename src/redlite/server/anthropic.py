@@ -85,7 +85,12 @@ def mount_anthropic_routes(app: FastAPI, state) -> None:
         context = context_of(request.scope)
         chat.request_id = f"msg_{context.hex}"
         run = ChatRun(state, request, chat, tick_s=state.ping_interval_s)
-        await run.start()
+        try:
+            await run.start()
+        except APIError as error:  # Anthropic's errors carry no param: the message names it
+            if error.param == "response_format":
+                error.message = f"output_config.format: {error.message}"
+            raise
         if body.stream:
             stream = MessageStream(chat.request_id, state.model_id, run.prompt_tokens)
             return StreamingResponse(_stream(run, stream, context.request_id),

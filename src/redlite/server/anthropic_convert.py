@@ -22,6 +22,9 @@ Mapping (Anthropic Messages API -> the OpenAI-shaped history of :mod:`redlite.co
   ``disable_parallel_tool_use`` -> ``parallel_tool_calls=False``.
 * ``thinking``: enabled -> ``enable_thinking=True``, disabled -> ``False``, adaptive/absent ->
   the template's default.
+* ``output_config.format`` (else the beta's top-level ``output_format``) ``{"type":
+  "json_schema", "schema"}`` -> ``response_format`` json_schema (not strict: keywords the
+  grammar engine lacks are ignored).
 * ``cache_control`` markers are ignored everywhere: they never change a token of the prompt.
 * a last ``assistant`` message of text only is a prefill: the answer continues it
   (``ChatRequest.continue_final``) and holds only the new text; its text may not end with
@@ -198,6 +201,11 @@ def template_kwargs(body: CountTokensRequest) -> dict:
     return {"enable_thinking": body.thinking.type == "enabled"}
 
 
+def _response_format(body: MessagesRequest) -> dict | None:
+    fmt = (body.output_config.format if body.output_config else None) or body.output_format
+    return None if fmt is None else {"type": "json_schema", "schema": fmt.json_schema, "strict": False}
+
+
 def to_chat_request(body: CountTokensRequest, session_key: str | None = None) -> ChatRequest:
     """The :class:`ChatRequest` of a Messages (or count_tokens) body."""
     tool_choice, parallel = _tool_choice(body)
@@ -215,5 +223,6 @@ def to_chat_request(body: CountTokensRequest, session_key: str | None = None) ->
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0)
         request.stop = list(body.stop_sequences or [])
+        request.response_format = _response_format(body)
         request.request_id = request.request_id.replace("req-", "msg_", 1)
     return request

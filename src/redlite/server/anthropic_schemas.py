@@ -2,8 +2,8 @@
 
 Field meanings follow Anthropic's Messages API reference. Models are strict (no string-to-number
 coercion; integral numbers accepted as integers) and accept unknown fields (ignored, as
-Anthropic-compatible servers do: ``metadata``, ``output_config``, ``context_management``,
-``service_tier``, ``container`` ...). ``cache_control`` on any block is accepted and has no
+Anthropic-compatible servers do: ``metadata``, ``output_config.effort``, ``context_management``,
+``service_tier``, ``container`` ...); ``output_config.format`` (structured outputs) is applied. ``cache_control`` on any block is accepted and has no
 effect. Which blocks each role may hold is part of the types: user messages hold ``text`` and
 ``tool_result`` blocks, assistant messages ``text``, ``thinking``, ``redacted_thinking`` and
 ``tool_use`` blocks. ``image`` and ``document`` blocks are refused with a clear message (a
@@ -136,6 +136,23 @@ class Thinking(BaseModel):
     budget_tokens: int_in(ge=0) | None = None
 
 
+class OutputFormat(BaseModel):
+    """``{"type": "json_schema", "schema"}``: the answer's text is JSON following ``schema``
+    (structured outputs)."""
+
+    model_config = _STRICT
+    type: Literal["json_schema"]
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(BaseModel):
+    """``output_config``: its ``format`` constrains the answer; ``effort`` and other keys are
+    accepted and ignored."""
+
+    model_config = _STRICT
+    format: OutputFormat | None = None
+
+
 class CountTokensRequest(BaseModel):
     """Body of ``POST /v1/messages/count_tokens`` (the prompt part of a Messages request)."""
 
@@ -158,3 +175,5 @@ class MessagesRequest(CountTokensRequest):
     top_k: int_in(ge=0) | None = None
     stream: StrictBool = False
     metadata: dict[str, Any] | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling

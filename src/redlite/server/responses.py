@@ -1,5 +1,6 @@
 """The OpenAI Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
-``GET /v1/responses/{id}/input_items`` (:mod:`redlite.server.responses_items`).
+``GET /v1/responses/{id}/input_items`` (:mod:`redlite.server.responses_items`), ``POST
+/v1/responses/input_tokens`` (the prompt's tokens of a body, generating nothing).
 
 An adapter (issue 14): the body (plus the stored conversation of ``previous_response_id``) is
 converted into a :class:`~redlite.core.chat.ChatRequest` (:mod:`redlite.server.responses_convert`),
@@ -24,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from redlite.core.chat import ChatOutput, ChatRequest
 from redlite.server.access import context_of
 from redlite.server.anthropic import parse_body
-from redlite.server.chat_bridge import ChatRun
+from redlite.server.chat_bridge import ChatRun, count_prompt_tokens
 from redlite.server.errors import APIError
 from redlite.server.responses_convert import responses_param, to_chat_request
 from redlite.server.responses_events import ResponseStream, final_status, output_items, response_object
@@ -98,17 +99,20 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
         finally:
             run.close()
 
+    def previous_history(body: ResponsesRequest) -> list[dict] | None:
+        if not body.previous_response_id:
+            return None
+        stored = store.get(body.previous_response_id)
+        if stored is None:
+            raise APIError(404, f"previous response {body.previous_response_id!r} not found "
+                           "(unknown, not stored, or evicted)", "previous_response_id",
+                           "previous_response_not_found")
+        return stored.messages
+
     @app.post("/v1/responses")
     async def create(request: Request) -> Any:
         body = await parse_body(request, ResponsesRequest)
-        history = None
-        if body.previous_response_id:
-            stored = store.get(body.previous_response_id)
-            if stored is None:
-                raise APIError(404, f"previous response {body.previous_response_id!r} not found "
-                               "(unknown, not stored, or evicted)", "previous_response_id",
-                               "previous_response_not_found")
-            history = stored.messages
+        history = previous_history(body)
         chat = await asyncio.to_thread(to_chat_request, body, history)
         chat.session_key = session_key_of(
             request.headers, body_session_value("openai", {"prompt_cache_key": body.prompt_cache_key}))
@@ -132,6 +136,18 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
                                    output_items(run.output, encrypted), run.usage)
         keep(body, chat, run.output, response)
         return response
+
+    # after POST /v1/responses: the OpenAPI document lists the full body there first
+    @app.post("/v1/responses/input_tokens")
+    async def input_tokens(request: Request) -> Any:
+        body = await parse_body(request, ResponsesRequest)
+        chat = await asyncio.to_thread(to_chat_request, body, previous_history(body))
+        try:
+            counted = await count_prompt_tokens(state, chat)
+        except APIError as error:
+            error.param = responses_param(error.param)
+            raise
+        return {"object": "response.input_tokens", "input_tokens": counted}
 
     def not_found(response_id: str) -> APIError:
         return APIError(404, f"response {response_id!r} not found", "response_id", "not_found")

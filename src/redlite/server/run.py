@@ -73,8 +73,12 @@ def save_on_stop(worker: EngineWorker | Scheduler, parking: Conversations, stopp
 
 
 def build_engine(args: argparse.Namespace):
-    """(engine, tokenizer) for the CLI options; the torch stack is imported only when used."""
+    """(engine, tokenizer) for the CLI options; the torch stack is imported only when used.
+    Raises ValueError for ``--kv-dtype`` other than auto with the echo engine (no KV cache)."""
     if args.engine == "echo":
+        if getattr(args, "kv_dtype", "auto") != "auto":
+            raise ValueError(f"--kv-dtype {args.kv_dtype}: the echo engine has no KV cache "
+                             "(its state is token ids); leave --kv-dtype at auto")
         from redlite.core.byte_tokenizer import ByteTokenizer
         from redlite.engine.echo import EchoEngine
         engine = EchoEngine(can_rewind=not args.echo_no_rewind,

@@ -40,6 +40,10 @@ MESSAGE = {"type": "object", "required": ["id", "type", "role", "model", "conten
 COUNT = {"type": "object", "required": ["input_tokens"],
          "properties": {"input_tokens": {"type": "integer"}}}
 
+INPUT_TOKENS = {"type": "object", "required": ["object", "input_tokens"],
+                "properties": {"object": {"const": "response.input_tokens"},
+                               "input_tokens": {"type": "integer"}}}
+
 RESPONSE = {"type": "object", "required": ["id", "object", "created_at", "status", "model", "output"],
             "properties": {"id": {"type": "string"}, "object": {"const": "response"},
                            "created_at": {"type": "integer"},
@@ -99,6 +103,8 @@ def wire_routes(components: dict, post_errors: list[int], generation_errors: lis
                                                 "AnthropicError"),
         ("/v1/responses", "post"): (responses, {200: {**_json(RESPONSE), **stream}},
                                     [*generation_errors, 404], "Error"),
+        ("/v1/responses/input_tokens", "post"): (responses, {200: _json(INPUT_TOKENS)},
+                                                 [*post_errors, 404], "Error"),
         ("/v1/responses/{response_id}", "get"): (None, {200: _json(RESPONSE)}, [*common, 404], "Error"),
         ("/v1/responses/{response_id}", "delete"): (None, {200: _json(DELETED)}, [*common, 404],
                                                      "Error"),
