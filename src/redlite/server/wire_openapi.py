@@ -5,8 +5,8 @@ Bodies come from the same pydantic models the routes validate with; their defini
 in ``components`` under a prefix (``Anthropic.``, ``Responses.``) so names such as ``Tool`` do
 not collide with the chat completion models. Like the chat body, each document lists only what
 any body may use: ``tool_choice`` values that need matching ``tools`` (Anthropic ``any`` /
-``tool``, Responses ``required`` / a function) and ``text.format`` json types (constrained
-output, not served yet) are left out. Errors of ``/v1/messages...`` have Anthropic's shape.
+``tool``, Responses ``required`` / a function) and ``text.format`` json types (served, only
+not fuzzed here) are left out. Errors of ``/v1/messages...`` have Anthropic's shape.
 """
 
 from __future__ import annotations
