@@ -82,7 +82,7 @@ def test_a_flipped_byte_is_refused_during_the_fill_and_the_engine_reset(weights,
     assert not install(target, store.load(saved.key))
     assert target.held_ids == [] and target.engine.n_past == 0
     assert "reason=checksum" in caplog.text and "moved to rejected/" in caplog.text
-    assert (tmp_path / "rejected" / saved.key).exists() and saved.key not in store
+    assert (tmp_path / "rejected" / (saved.key + ".damaged")).exists() and saved.key not in store
 
 
 def test_fill_checks_targets_and_reads_strided_views(tmp_path):

@@ -194,8 +194,26 @@ def test_load_refuses_a_corrupted_file_and_moves_it_aside(tmp_path, caplog):
     assert info.value.reason == "checksum"
     assert "reason=checksum" in caplog.text and "moved to rejected/" in caplog.text
     assert len(s) == 0 and not path.exists()
-    assert (tmp_path / "rejected" / path.name).read_bytes() == data  # kept for inspection
+    assert (tmp_path / "rejected" / (path.name + ".damaged")).read_bytes() == data  # kept for inspection
     assert s.load("rl-00000000000000aa.rlsession") is None
+    again = store(tmp_path)  # its header is sound, but it is never taken back
+    assert len(again) == 0 and again.rejected() == [path.name + ".damaged"]
+
+
+def test_a_file_refused_by_another_model_is_taken_back_by_its_own(tmp_path, caplog):
+    """A server of another model (or --kv-dtype) moves the file to rejected/; a server of the
+    file's model and dtype indexes it again at its start; the bounds count it in between."""
+    caplog.set_level(logging.INFO)
+    theirs = Expected("other", "float32+kv-float16", "numpy")
+    path = write(tmp_path, [4, 5, 6], "rl-00000000000000bb.rlsession", theirs)
+    ours = store(tmp_path)
+    assert len(ours) == 0 and ours.rejected() == [path.name] and not path.exists()
+    ours.close()
+    back = SessionStore(tmp_path, theirs, min_tokens=1)
+    back.scan()
+    assert [e.key for e in back.entries()] == [path.name] and back.rejected() == []
+    assert path.exists() and "matches this model and dtype: moved back" in caplog.text
+    assert store(tmp_path).rejected() == [path.name]  # and away again for the other model
 
 
 def test_pruning_keeps_the_newest_and_deletes_only_our_files(tmp_path):

@@ -13,7 +13,8 @@ Rules (issue 12 §5):
   (:meth:`Owners.may_delete`): its own, those of owners no longer alive, and files of older
   builds without an owner id. Files are written once, never rewritten in place;
 - files refused at load are moved to ``rejected/`` inside the directory (a log line says so)
-  and count against the directory's bounds until pruned.
+  and count against the directory's bounds until pruned; a server of the model and dtype a
+  file there matches takes it back at its start (not one whose checksum failed: ``.damaged``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
 another server sharing the directory wrote a file (:meth:`SessionIndex.refresh`). A file
 refused (another model, dtype or format version, a bad header) is logged and moved to
 ``rejected/`` (:mod:`redlite.core.session_dir`) when this server may move it, so it is not
-re-indexed at every start. :class:`redlite.core.sessions.SessionStore` adds loading, saving and
+re-indexed at every start; a server whose model and dtype it matches takes it back from there
+at its start (switching models or ``--kv-dtype`` and back loses no conversation). A file whose
+checksum failed is moved there as ``NAME.damaged``, which no server takes back. :class:`redlite.core.sessions.SessionStore` adds loading, saving and
 pruning on top. Not thread-safe (see :mod:`redlite.core.sessions`).
 """
 
@@ -25,6 +27,9 @@ from redlite.core.session_file import Expected, SessionFileError, check_compatib
 from redlite.core.session_prune import FileStats
 
 log = logging.getLogger("redlite.sessions")
+
+#: suffix of a file in ``rejected/`` whose header is sound but whose data failed its checksum
+DAMAGED = ".damaged"
 
 
 @dataclass
@@ -108,13 +113,29 @@ class SessionIndex:
             self._index_file(path)
         rejected_dir = self.directory / REJECTED
         if rejected_dir.is_dir():
-            for path in rejected_dir.iterdir():
-                if SESSION_NAME.match(path.name):
+            for path in sorted(rejected_dir.iterdir()):
+                if SESSION_NAME.match(path.name) and self._take_back(path):
+                    continue
+                if SESSION_NAME.match(path.name.removesuffix(DAMAGED)):
                     st = path.stat()
                     self._rejected[path.name] = FileStats(path.name, st.st_size, st.st_mtime, True)
         log.info("session dir %s: %d saved conversations indexed (%d bytes), %d rejected",
                  self.directory, len(self._entries), sum(e.nbytes for e in self._entries.values()),
                  len(self._rejected))
+
+    def _take_back(self, path: Path) -> bool:
+        """A file in ``rejected/`` whose header this server accepts (refused by a server of
+        another model or dtype) is moved back and indexed. True when it was."""
+        target = self.directory / path.name
+        try:
+            check_compatible(read_meta(path)[0], self.expected)
+            if target.exists() or not self.owners.may_delete(path.name):
+                return False
+            os.rename(path, target)
+        except (SessionFileError, KeyError, TypeError, ValueError, OSError):
+            return False
+        log.info("file %s in %s/ matches this model and dtype: moved back", path.name, REJECTED)
+        return self._index_file(target)
 
     def _index_file(self, path: Path) -> bool:
         """Index one session file from its header; a refused one is rejected. True if indexed."""
@@ -179,7 +200,7 @@ class SessionIndex:
             log.warning("refused file %s reason=%s (%s); left in place (its writer is running)",
                         name, error.reason, error.detail)
             return
-        target = self.directory / REJECTED / name
+        target = self.directory / REJECTED / (name + DAMAGED if error.reason == "checksum" else name)
         try:
             target.parent.mkdir(mode=0o700, exist_ok=True)
             os.rename(path, target)
@@ -188,9 +209,9 @@ class SessionIndex:
             log.warning("refused file %s reason=%s (%s); could not move it to %s/: %s", name,
                         error.reason, error.detail, REJECTED, move_error)
             return
-        self._rejected[name] = FileStats(name, st.st_size, st.st_mtime, True)
-        log.warning("refused file %s reason=%s (%s); moved to %s/", name, error.reason,
-                    error.detail, REJECTED)
+        self._rejected[target.name] = FileStats(target.name, st.st_size, st.st_mtime, True)
+        log.warning("refused file %s reason=%s (%s); moved to %s/%s", name, error.reason,
+                    error.detail, REJECTED, target.name)
 
     @property
     def block(self) -> int:
