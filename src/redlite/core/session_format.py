@@ -43,6 +43,10 @@ _ITEM_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16
                "U8": 1, "U16": 2, "U32": 4, "U64": 8, "BOOL": 1}
 
 
+#: reasons a sound file is refused: written by another model, dtype or format version
+MISMATCH_REASONS = frozenset({"format", "version", "fingerprint", "dtype", "tensor-format"})
+
+
 class SessionFileError(Exception):
     """A state file that cannot be used; ``reason`` is a short tag for the log line
     (``truncated``, ``corrupt-header``, ``checksum``, ``format``, ``version``, ``fingerprint``,

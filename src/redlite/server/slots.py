@@ -34,6 +34,7 @@ from redlite.core.live_state import capture, install, reset
 from redlite.core.generation import EngineTask, Generator
 from redlite.core.session_file import (Expected, SessionFileError, read_state_file,
                                        write_state_file)
+from redlite.core.session_format import MISMATCH_REASONS
 from redlite.core.sessions import SESSION_NAME, entry_from_file, entry_to_file
 from redlite.core.worker import EngineWorker, Job, ShuttingDown
 from redlite.server.errors import APIError
@@ -121,7 +122,8 @@ class SlotService:
             entry = entry_from_file(state, "slot")
         except SessionFileError as error:
             log.warning("refused file %s reason=%s (%s)", path.name, error.reason, error.detail)
-            raise SlotError(400, f"cannot restore {path.name}: {error.reason}") from None
+            said = f" ({error.detail})" if error.reason in MISMATCH_REASONS else ""  # no paths or OS text
+            raise SlotError(400, f"cannot restore {path.name}: {error.reason}{said}") from None
         parking = gen.parking
         if parking is not None and not gen.failed and gen.held_ids and gen.held_ids != entry.held_ids:
             parking.park_live(gen, frozenset())
