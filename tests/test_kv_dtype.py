@@ -110,3 +110,6 @@ def test_float16_needs_the_fused_step() -> None:
         TorchEngine(model, device="cpu", kernels=HALF)
     with pytest.raises(ValueError, match="kv_dtype"):
         KernelOptions(kv_dtype="int8")
+    half_weights = LlamaModel(config).to(torch.float16).eval()  # float32 cache under float16 weights
+    with pytest.raises(ValueError, match="float16 under float32 weights on CPU only"):
+        TorchEngine(half_weights, device="cpu", kernels=KernelOptions(kv_dtype="float32"))

@@ -35,6 +35,7 @@ def kv_cache_dtype(requested: str, model, device: torch.device, dtype: torch.dty
             and hasattr(model, "_fused") and model._fused() is not None):
         return torch.float16
     name = str(dtype).removeprefix("torch.")
-    raise ValueError(f"--kv-dtype {requested}: this model's cache can only hold {name} here (a "
-                      f"float16 cache under float32 weights needs the fused CPU decode step of a "
-                      f"Llama-family GGUF model)")
+    why = ("a float16 cache under float32 weights needs the fused CPU decode step of a "
+           "Llama-family GGUF model" if requested == "float16" and dtype == torch.float32
+           else "a cache of another dtype than the weights' is float16 under float32 weights on CPU only")
+    raise ValueError(f"--kv-dtype {requested}: this model's cache can only hold {name} here ({why})")
