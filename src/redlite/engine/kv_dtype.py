@@ -1,14 +1,13 @@
 """Which dtype a torch engine's KV cache holds (``--kv-dtype``, :class:`KernelOptions.kv_dtype
 <redlite.engine.kernel_options.KernelOptions>`).
 
-A float16 cache under float32 weights halves the cache's memory (and the RAM a parked
+A float16 cache under float32 weights halves the cache's memory (and the RAM and disk a parked
 conversation takes) and what every decode token reads from it; it does not make decode faster
-(its rows are widened once per span, which costs what the halved read saves: ``bench/results/``). Keys and values are computed in float32 and rounded to
-nearest-even as they are written; every path (prefill, the fused C decode step, a batch of them,
-restores from RAM or disk) reads the same rounded values, so a warm continuation still equals a
-cold one. The logits move against a float32 cache (keys of magnitude 16-32 are rounded by up to
-2**-7), enough to flip a greedy near-tie, so float16 is a choice, not the default
-(``bench/results/`` has the measured figures).
+where the widening of its rows costs what the halved read saves (``bench/results/``). Keys and
+values are computed in float32 and rounded to nearest-even as they are written; every path
+(prefill, the fused C decode step, a batch of them, restores from RAM or disk) reads the same
+rounded values, so a warm continuation still equals a cold one. Against a float32 cache the
+logits move enough to flip a greedy near-tie, so float16 is a choice, not the default.
 """
 
 from __future__ import annotations
