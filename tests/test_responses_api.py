@@ -238,3 +238,25 @@ def test_input_tokens_count_is_the_prompt_the_response_reads(echo):
     assert counted.input_tokens == reply.usage.input_tokens
     with pytest.raises(openai.NotFoundError):
         client.responses.input_tokens.count(model="m", input="x", previous_response_id="resp_gone")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_tool_choice_is_echoed_in_the_response(echo, stream):
+    """``tool_choice: {"type": "function", "name"}`` (Codex forcing a tool) is answered and echoed
+    as the SDK's ``ToolChoiceFunction``: it was a 500 (a pydantic model in the JSON), and a
+    stream cut before its first event."""
+    from openai.types.responses import Response
+
+    body = {"model": "m", "input": call_text("shell", {"cmd": ["ls"]}), "tools": TOOLS[:1],
+            "tool_choice": {"type": "function", "name": "shell"}, "stream": stream}
+    if stream:
+        with echo.client.stream("POST", "/v1/responses", json=body) as r:
+            frames = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines()
+                      if line.startswith("data: ")]
+        final = frames[-1]["response"]
+    else:
+        final = echo.client.post("/v1/responses", json=body).json()
+    response = Response.model_validate(final)
+    assert response.tool_choice.name == "shell" and response.status == "completed"
+    assert [item.name for item in response.output if item.type == "function_call"] == ["shell"]
