@@ -163,6 +163,8 @@ class CountTokensRequest(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: Annotated[ToolChoice | NamedToolChoice, Field(discriminator="type")] | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling
 
 
 class MessagesRequest(CountTokensRequest):
@@ -175,5 +177,3 @@ class MessagesRequest(CountTokensRequest):
     top_k: int_in(ge=0) | None = None
     stream: StrictBool = False
     metadata: dict[str, Any] | None = None
-    output_config: OutputConfig | None = None
-    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling

@@ -1,0 +1,42 @@
+"""POST /v1/messages/count_tokens validates the structured-output fields the SDK sends with it
+(``output_config``, ``output_format``) as /v1/messages does (echo engine, in process)."""
+
+import pytest
+
+from sdk_app import EchoApp
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture
+def echo():
+    with EchoApp() as app:
+        yield app
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("fields,needle", [
+    ({"output_config": {"format": {"type": "json_schema", "schema": 5}}}, "output_config.format.schema"),
+    ({"output_config": {"format": "json"}}, "output_config.format"),
+    ({"output_config": []}, "output_config"),
+    ({"output_format": {"type": "text"}}, "output_format.type"),
+])
+def test_malformed_output_format_is_a_400_on_both_routes(echo, fields, needle):
+    """It was a 200 on count_tokens (the fields were ignored there) and a 400 on messages."""
+    for path, extra in (("/v1/messages/count_tokens", {}), ("/v1/messages", {"max_tokens": 5})):
+        r = echo.client.post(path, json={"model": "m", "messages": MESSAGES, **fields, **extra})
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+        assert needle in error["error"]["message"], (path, error)
+
+
+@pytest.mark.timeout(30)
+def test_a_valid_output_format_counts_the_same_prompt(echo):
+    """The schema constrains decoding and never enters the prompt: the count is unchanged."""
+    fmt = {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}
+    plain = echo.client.post("/v1/messages/count_tokens", json={"model": "m", "messages": MESSAGES})
+    counted = echo.client.post("/v1/messages/count_tokens",
+                               json={"model": "m", "messages": MESSAGES, "output_config": {"format": fmt}})
+    assert counted.status_code == plain.status_code == 200
+    assert counted.json() == plain.json()
