@@ -1,5 +1,6 @@
-"""POST /v1/messages/count_tokens validates the structured-output fields the SDK sends with it
-(``output_config``, ``output_format``) as /v1/messages does (echo engine, in process)."""
+"""Anthropic structured outputs (``output_config.format``, the beta's ``output_format``) on
+POST /v1/messages and /v1/messages/count_tokens: validated the same on both (echo engine, in
+process)."""
 
 import pytest
 
@@ -40,3 +41,20 @@ def test_a_valid_output_format_counts_the_same_prompt(echo):
                                json={"model": "m", "messages": MESSAGES, "output_config": {"format": fmt}})
     assert counted.status_code == plain.status_code == 200
     assert counted.json() == plain.json()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("field", ["output_config", "output_format"])
+def test_a_prefill_with_an_output_format_is_a_400(echo, field):
+    """The grammar starts after the prefill: ``{"name":`` + a whole new object was answered
+    (invalid JSON); Anthropic's API refuses prefilling with structured outputs."""
+    fmt = {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}
+    fields = {"output_config": {"format": fmt}} if field == "output_config" else {"output_format": fmt}
+    messages = MESSAGES + [{"role": "assistant", "content": '{"a":'}]
+    for path, extra in (("/v1/messages/count_tokens", {}), ("/v1/messages", {"max_tokens": 5})):
+        r = echo.client.post(path, json={"model": "m", "messages": messages, **fields, **extra})
+        assert r.status_code == 400, (path, r.text)
+        message = r.json()["error"]["message"]
+        assert "prefilled" in message and message.startswith(field), message
+    r = echo.client.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": MESSAGES, **fields})
+    assert r.status_code == 200
