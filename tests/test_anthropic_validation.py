@@ -1,6 +1,6 @@
-"""Anthropic structured outputs (``output_config.format``, the beta's ``output_format``) on
-POST /v1/messages and /v1/messages/count_tokens: validated the same on both (echo engine, in
-process)."""
+"""Anthropic bodies refused alike on POST /v1/messages and /v1/messages/count_tokens (echo engine,
+in process): malformed or prefilled structured outputs (``output_config.format``, the beta's
+``output_format``) and empty content lists."""
 
 import pytest
 
@@ -58,3 +58,23 @@ def test_a_prefill_with_an_output_format_is_a_400(echo, field):
         assert "prefilled" in message and message.startswith(field), message
     r = echo.client.post("/v1/messages", json={"model": "m", "max_tokens": 5, "messages": MESSAGES, **fields})
     assert r.status_code == 200
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("messages,index", [
+    ([{"role": "user", "content": []}], 0),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"},
+      {"role": "user", "content": []}], 2),
+])
+def test_an_empty_content_list_is_a_400(echo, messages, index):
+    """Anthropic's rule; such a message was dropped, so ``[{"role": "user", "content": []}]``
+    counted and answered a prompt of no message at all. An empty assistant message stays allowed
+    (an empty answer is sent back as ``[]``; last, it is no prefill)."""
+    for path, extra in (("/v1/messages/count_tokens", {}), ("/v1/messages", {"max_tokens": 5})):
+        r = echo.client.post(path, json={"model": "m", "messages": messages, **extra})
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["error"]["message"].startswith(f"messages.{index}.content: ")
+    for tail in ([{"role": "assistant", "content": []}],
+                 [{"role": "assistant", "content": []}, {"role": "user", "content": "next"}]):
+        ok = echo.client.post("/v1/messages/count_tokens", json={"model": "m", "messages": MESSAGES + tail})
+        assert ok.status_code == 200, ok.text
