@@ -260,3 +260,15 @@ def test_named_tool_choice_is_echoed_in_the_response(echo, stream):
     response = Response.model_validate(final)
     assert response.tool_choice.name == "shell" and response.status == "completed"
     assert [item.name for item in response.output if item.type == "function_call"] == ["shell"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("schema,needle", [(None, "required"), (5, "must be an object"), ([], "must be an object")])
+def test_json_schema_format_without_an_object_schema_says_which(echo, schema, needle):
+    """A schema of the wrong type was answered "required" (as if missing), on both routes."""
+    fmt = {"type": "json_schema", "name": "s"} | ({} if schema is None else {"schema": schema})
+    for path in ("/v1/responses", "/v1/responses/input_tokens"):
+        r = echo.client.post(path, json={"model": "m", "input": "x", "text": {"format": fmt}})
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["param"] == "text.format.schema" and needle in error["message"], error

@@ -174,7 +174,8 @@ def _response_format(body: ResponsesRequest) -> dict | None:
         return {"type": "json_object"}
     if kind == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
-            raise APIError(400, "text.format.schema: required for json_schema", "text.format.schema")
+            what = "required" if fmt.get("schema") is None else "must be an object (a JSON schema)"
+            raise APIError(400, f"text.format.schema: {what} for json_schema", "text.format.schema")
         return {"type": "json_schema", "schema": fmt["schema"], "strict": bool(fmt.get("strict"))}
     raise APIError(400, f"text.format.type: unsupported format {kind!r}", "text.format.type")
 
