@@ -28,8 +28,9 @@ Mapping (Anthropic Messages API -> the OpenAI-shaped history of :mod:`redlite.co
 * ``cache_control`` markers are ignored everywhere: they never change a token of the prompt.
 * a last ``assistant`` message of text only is a prefill: the answer continues it
   (``ChatRequest.continue_final``) and holds only the new text; its text may not end with
-  whitespace (Anthropic's rule, 400); an empty one is no prefill. A user message with an
-  empty content list is a 400 (it was dropped: ``[{"role": "user", "content": []}]`` read no message).
+  whitespace (Anthropic's rule, 400); an empty one is no prefill. A user or system message
+  with an empty content list is a 400 (schemas; it was dropped, so ``[{"role": "user", "content":
+  []}]`` read no message); an assistant one is not (our empty answers come back as ``[]``).
 
 Errors: :class:`redlite.server.errors.APIError` (400) naming the offending field.
 """
@@ -158,9 +159,6 @@ def convert_messages(body: CountTokensRequest) -> list[dict]:
         content = message.content
         if isinstance(content, str):
             content = [TextBlock(type="text", text=content)]
-        if not content and message.role != "assistant":  # an empty answer of ours comes back as []
-            raise APIError(400, f"{where}.content: a {message.role} message must have non-empty content",
-                           f"{where}.content")
         if message.role == "user":
             messages.extend(_user_messages(content, where))
         elif message.role == "system":

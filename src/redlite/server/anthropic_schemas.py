@@ -80,7 +80,7 @@ AssistantBlock = TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBloc
 class UserMessage(BaseModel):
     model_config = _STRICT
     role: Literal["user"]
-    content: StrictStr | list[UserBlock]
+    content: StrictStr | Annotated[list[UserBlock], Field(min_length=1)]  # Anthropic's rule
 
 
 class AssistantMessage(BaseModel):
@@ -94,7 +94,7 @@ class SystemMessage(BaseModel):
 
     model_config = _STRICT
     role: Literal["system"]
-    content: StrictStr | list[TextBlock]
+    content: StrictStr | Annotated[list[TextBlock], Field(min_length=1)]
 
 
 MessageParam = Annotated[UserMessage | AssistantMessage | SystemMessage, Field(discriminator="role")]
