@@ -272,3 +272,32 @@ def test_json_schema_format_without_an_object_schema_says_which(echo, schema, ne
         assert r.status_code == 400
         error = r.json()["error"]
         assert error["param"] == "text.format.schema" and needle in error["message"], error
+
+
+@pytest.mark.timeout(30)
+def test_allowed_tools_restricts_calls_and_keeps_every_tool_in_the_prompt(echo):
+    """``tool_choice: {"type": "allowed_tools", "mode", "tools"}`` was a 400. The prompt (and so
+    the held state) is the one with every tool; a scripted call of an allowed tool is made, one
+    of a tool left out never is (plain ``required`` makes it); the choice is echoed as the SDK's
+    ``ToolChoiceAllowed``."""
+    from openai.types.responses import Response
+
+    tools = [{"type": "function", "name": "ping"}, {"type": "function", "name": "read", "parameters": {"type": "object"}}]
+    def choice(name, mode="required"):
+        return {"type": "allowed_tools", "mode": mode, "tools": [{"type": "function", "name": name}]}
+    def called(script, tool_choice):
+        body = {"model": "m", "input": call_text(script, {}), "tools": tools, "max_output_tokens": 100,
+                "tool_choice": tool_choice}
+        response = Response.model_validate(echo.client.post("/v1/responses", json=body).json())
+        return response, [item.name for item in response.output if item.type == "function_call"]
+    body = {"model": "m", "input": "x", "tools": tools}
+    counted = [echo.client.post("/v1/responses/input_tokens", json={**body, "tool_choice": c}).json()
+               for c in ("auto", choice("ping"))]
+    assert counted[0] == counted[1]
+    response, names = called("read", choice("read"))
+    assert names == ["read"] and response.tool_choice.mode == "required"
+    assert called("read", "required")[1] == ["read"]
+    assert "read" not in called("read", choice("ping"))[1]
+    assert "read" not in called("read", choice("ping", "auto"))[1]
+    r = echo.client.post("/v1/responses", json={**body, "tool_choice": choice("nope")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
