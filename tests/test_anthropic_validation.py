@@ -78,3 +78,16 @@ def test_an_empty_content_list_is_a_400(echo, messages, index):
                  [{"role": "assistant", "content": []}, {"role": "user", "content": "next"}]):
         ok = echo.client.post("/v1/messages/count_tokens", json={"model": "m", "messages": MESSAGES + tail})
         assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.timeout(30)
+def test_two_different_output_formats_are_a_400(echo):
+    """``output_config.format`` silently won over a different ``output_format``; the same one in
+    both places is fine."""
+    a = {"type": "json_schema", "schema": {"type": "object"}}
+    b = {"type": "json_schema", "schema": {"type": "string"}}
+    for path, extra in (("/v1/messages/count_tokens", {}), ("/v1/messages", {"max_tokens": 5})):
+        body = {"model": "m", "messages": MESSAGES, "output_config": {"format": a}, **extra}
+        r = echo.client.post(path, json={**body, "output_format": b})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("output_format and "), r.text
+        assert echo.client.post(path, json={**body, "output_format": a}).status_code == 200

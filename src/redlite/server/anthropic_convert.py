@@ -204,11 +204,14 @@ def template_kwargs(body: CountTokensRequest) -> dict:
 
 
 def _response_format(body: CountTokensRequest, prefill: str | None) -> dict | None:
-    """The structured-output format; with a prefill a 400: the grammar starts where the answer
-    does, after the prefill, so their concatenation would not be the JSON the schema describes."""
+    """The structured-output format; a 400 when ``output_format`` and ``output_config.format``
+    differ, and with a prefill: the grammar starts where the answer does, after the prefill, so
+    their concatenation would not be the JSON the schema describes."""
     fmt = (body.output_config.format if body.output_config else None) or body.output_format
     if fmt is None:
         return None
+    if body.output_format is not None and body.output_format != fmt:
+        raise APIError(400, "output_format and output_config.format differ (send one)", "output_format")
     if prefill:
         where = "output_config.format" if body.output_config and body.output_config.format else "output_format"
         raise APIError(400, f"{where} cannot be used with a prefilled final assistant message", where)
