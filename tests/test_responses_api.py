@@ -238,3 +238,66 @@ def test_input_tokens_count_is_the_prompt_the_response_reads(echo):
     assert counted.input_tokens == reply.usage.input_tokens
     with pytest.raises(openai.NotFoundError):
         client.responses.input_tokens.count(model="m", input="x", previous_response_id="resp_gone")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_tool_choice_is_echoed_in_the_response(echo, stream):
+    """``tool_choice: {"type": "function", "name"}`` (Codex forcing a tool) is answered and echoed
+    as the SDK's ``ToolChoiceFunction``: it was a 500 (a pydantic model in the JSON), and a
+    stream cut before its first event."""
+    from openai.types.responses import Response
+
+    body = {"model": "m", "input": call_text("shell", {"cmd": ["ls"]}), "tools": TOOLS[:1],
+            "tool_choice": {"type": "function", "name": "shell"}, "stream": stream}
+    if stream:
+        with echo.client.stream("POST", "/v1/responses", json=body) as r:
+            frames = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines()
+                      if line.startswith("data: ")]
+        final = frames[-1]["response"]
+    else:
+        final = echo.client.post("/v1/responses", json=body).json()
+    response = Response.model_validate(final)
+    assert response.tool_choice.name == "shell" and response.status == "completed"
+    assert [item.name for item in response.output if item.type == "function_call"] == ["shell"]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("schema,needle", [(None, "required"), (5, "must be an object"), ([], "must be an object")])
+def test_json_schema_format_without_an_object_schema_says_which(echo, schema, needle):
+    """A schema of the wrong type was answered "required" (as if missing), on both routes."""
+    fmt = {"type": "json_schema", "name": "s"} | ({} if schema is None else {"schema": schema})
+    for path in ("/v1/responses", "/v1/responses/input_tokens"):
+        r = echo.client.post(path, json={"model": "m", "input": "x", "text": {"format": fmt}})
+        assert r.status_code == 400
+        error = r.json()["error"]
+        assert error["param"] == "text.format.schema" and needle in error["message"], error
+
+
+@pytest.mark.timeout(30)
+def test_allowed_tools_restricts_calls_and_keeps_every_tool_in_the_prompt(echo):
+    """``tool_choice: {"type": "allowed_tools", "mode", "tools"}`` was a 400. The prompt (and so
+    the held state) is the one with every tool; a scripted call of an allowed tool is made, one
+    of a tool left out never is (plain ``required`` makes it); the choice is echoed as the SDK's
+    ``ToolChoiceAllowed``."""
+    from openai.types.responses import Response
+
+    tools = [{"type": "function", "name": "ping"}, {"type": "function", "name": "read", "parameters": {"type": "object"}}]
+    def choice(name, mode="required"):
+        return {"type": "allowed_tools", "mode": mode, "tools": [{"type": "function", "name": name}]}
+    def called(script, tool_choice):
+        body = {"model": "m", "input": call_text(script, {}), "tools": tools, "max_output_tokens": 100,
+                "tool_choice": tool_choice}
+        response = Response.model_validate(echo.client.post("/v1/responses", json=body).json())
+        return response, [item.name for item in response.output if item.type == "function_call"]
+    body = {"model": "m", "input": "x", "tools": tools}
+    counted = [echo.client.post("/v1/responses/input_tokens", json={**body, "tool_choice": c}).json()
+               for c in ("auto", choice("ping"))]
+    assert counted[0] == counted[1]
+    response, names = called("read", choice("read"))
+    assert names == ["read"] and response.tool_choice.mode == "required"
+    assert called("read", "required")[1] == ["read"]
+    assert "read" not in called("read", choice("ping"))[1]
+    assert "read" not in called("read", choice("ping", "auto"))[1]
+    r = echo.client.post("/v1/responses", json={**body, "tool_choice": choice("nope")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"

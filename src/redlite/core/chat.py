@@ -38,6 +38,8 @@ class ChatRequest:
     tools: OpenAI function tools, ``[{"type": "function", "function": {"name", "description",
         "parameters"}}]`` (other tool types dropped by the adapter).
     tool_choice: see :data:`ToolChoice`; a named function forces a call of that function.
+    allowed_tools: the names the answer may call (None: every tool); the prompt still lists
+        every tool, so the held state of a turn with all of them stays usable.
     template_kwargs: passed to the chat template (``enable_thinking``, ``preserve_thinking``...).
     max_tokens: most tokens to generate (None: the server's cap / the context).
     response_format: None, ``{"type": "json_object"}`` or ``{"type": "json_schema",
@@ -52,6 +54,7 @@ class ChatRequest:
     messages: list[dict]
     tools: list[dict] = field(default_factory=list)
     tool_choice: ToolChoice = "auto"
+    allowed_tools: list[str] | None = None
     parallel_tool_calls: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_tokens: int | None = None

@@ -24,11 +24,13 @@ Mapping (Anthropic Messages API -> the OpenAI-shaped history of :mod:`redlite.co
   the template's default.
 * ``output_config.format`` (else the beta's top-level ``output_format``) ``{"type":
   "json_schema", "schema"}`` -> ``response_format`` json_schema (not strict: keywords the
-  grammar engine lacks are ignored).
+  grammar engine lacks are ignored); with a prefill it is a 400.
 * ``cache_control`` markers are ignored everywhere: they never change a token of the prompt.
 * a last ``assistant`` message of text only is a prefill: the answer continues it
   (``ChatRequest.continue_final``) and holds only the new text; its text may not end with
-  whitespace (Anthropic's rule, 400); an empty one is no prefill.
+  whitespace (Anthropic's rule, 400); an empty one is no prefill. A user or system message
+  with an empty content list is a 400 (schemas; it was dropped, so ``[{"role": "user", "content":
+  []}]`` read no message); an assistant one is not (our empty answers come back as ``[]``).
 
 Errors: :class:`redlite.server.errors.APIError` (400) naming the offending field.
 """
@@ -201,9 +203,19 @@ def template_kwargs(body: CountTokensRequest) -> dict:
     return {"enable_thinking": body.thinking.type == "enabled"}
 
 
-def _response_format(body: MessagesRequest) -> dict | None:
+def _response_format(body: CountTokensRequest, prefill: str | None) -> dict | None:
+    """The structured-output format; a 400 when ``output_format`` and ``output_config.format``
+    differ, and with a prefill: the grammar starts where the answer does, after the prefill, so
+    their concatenation would not be the JSON the schema describes."""
     fmt = (body.output_config.format if body.output_config else None) or body.output_format
-    return None if fmt is None else {"type": "json_schema", "schema": fmt.json_schema, "strict": False}
+    if fmt is None:
+        return None
+    if body.output_format is not None and body.output_format != fmt:
+        raise APIError(400, "output_format and output_config.format differ (send one)", "output_format")
+    if prefill:
+        where = "output_config.format" if body.output_config and body.output_config.format else "output_format"
+        raise APIError(400, f"{where} cannot be used with a prefilled final assistant message", where)
+    return {"type": "json_schema", "schema": fmt.json_schema, "strict": False}
 
 
 def to_chat_request(body: CountTokensRequest, session_key: str | None = None) -> ChatRequest:
@@ -211,6 +223,7 @@ def to_chat_request(body: CountTokensRequest, session_key: str | None = None) ->
     tool_choice, parallel = _tool_choice(body)
     messages = convert_messages(body)
     prefill = _prefill(body, messages)
+    response_format = _response_format(body, prefill)
     if prefill == "":
         messages = messages[:-1]
     request = ChatRequest(messages=messages, tools=convert_tools(body),
@@ -223,6 +236,6 @@ def to_chat_request(body: CountTokensRequest, session_key: str | None = None) ->
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0)
         request.stop = list(body.stop_sequences or [])
-        request.response_format = _response_format(body)
+        request.response_format = response_format
         request.request_id = request.request_id.replace("req-", "msg_", 1)
     return request

@@ -80,7 +80,7 @@ AssistantBlock = TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBloc
 class UserMessage(BaseModel):
     model_config = _STRICT
     role: Literal["user"]
-    content: StrictStr | list[UserBlock]
+    content: StrictStr | Annotated[list[UserBlock], Field(min_length=1)]  # Anthropic's rule
 
 
 class AssistantMessage(BaseModel):
@@ -94,7 +94,7 @@ class SystemMessage(BaseModel):
 
     model_config = _STRICT
     role: Literal["system"]
-    content: StrictStr | list[TextBlock]
+    content: StrictStr | Annotated[list[TextBlock], Field(min_length=1)]
 
 
 MessageParam = Annotated[UserMessage | AssistantMessage | SystemMessage, Field(discriminator="role")]
@@ -163,6 +163,8 @@ class CountTokensRequest(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: Annotated[ToolChoice | NamedToolChoice, Field(discriminator="type")] | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling
 
 
 class MessagesRequest(CountTokensRequest):
@@ -175,5 +177,3 @@ class MessagesRequest(CountTokensRequest):
     top_k: int_in(ge=0) | None = None
     stream: StrictBool = False
     metadata: dict[str, Any] | None = None
-    output_config: OutputConfig | None = None
-    output_format: OutputFormat | None = None  # the structured-outputs beta's spelling

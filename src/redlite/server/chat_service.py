@@ -235,6 +235,10 @@ class ChatService:
         if request.tool_choice not in ("auto", "none", "required") and request.tool_choice not in names:
             raise APIError(400, f"tool_choice names function {request.tool_choice!r}, which is not "
                            "in tools", "tool_choice")
+        for name in request.allowed_tools or []:
+            if name not in names:
+                raise APIError(400, f"tool_choice allows function {name!r}, which is not in tools",
+                               "tool_choice")
 
     def prepare_sync(self, request: ChatRequest) -> PreparedChat:
         """Render and build the GenerationRequest (blocking: call from a thread)."""
@@ -301,7 +305,9 @@ class ChatService:
         thinking = bool(self.reasoning_format) and request.template_kwargs.get("enable_thinking") is not False
         reasoning = "open" if start_in_reasoning else "optional" if thinking else "none"
         try:
-            spec = build_constraint(request.response_format, request.tools if tool_format else [],
+            callable_tools = request.tools if request.allowed_tools is None else [
+                tool for tool in request.tools if tool["function"]["name"] in request.allowed_tools]
+            spec = build_constraint(request.response_format, callable_tools if tool_format else [],
                                     request.tool_choice, tool_format,
                                     parallel_tool_calls=request.parallel_tool_calls,
                                     reasoning=reasoning)

@@ -30,7 +30,7 @@ from redlite.server.errors import APIError
 from redlite.server.responses_convert import responses_param, to_chat_request
 from redlite.server.responses_events import ResponseStream, final_status, output_items, response_object
 from redlite.server.responses_items import input_items, page
-from redlite.server.responses_schemas import ResponsesRequest
+from redlite.server.responses_schemas import AllowedToolsChoice, FunctionChoice, ResponsesRequest
 from redlite.server.responses_store import ResponseStore
 from redlite.server.wire_common import sse_event
 from redlite.server.session_key import body_session_value, session_key_of
@@ -60,7 +60,8 @@ def _meta(body: ResponsesRequest, chat: ChatRequest, model: str) -> dict:
             "store": body.store, "temperature": body.temperature, "top_p": body.top_p,
             "text": {"format": (body.text.format if body.text and body.text.format
                                 else {"type": "text"})},
-            "tool_choice": body.tool_choice or "auto",
+            "tool_choice": (body.tool_choice.model_dump() if isinstance(body.tool_choice, (FunctionChoice, AllowedToolsChoice))
+                            else body.tool_choice or "auto"),
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "truncation": "disabled", "metadata": body.metadata or {}}
 

@@ -22,7 +22,9 @@ History (OpenAI-shaped, see :mod:`redlite.core.chat`), in this order:
 
 Tools: ``function`` tools become OpenAI chat function tools; other types (``web_search``,
 ``local_shell``, ``custom``, ``namespace``, ``file_search`` ...) are skipped with one log line.
-``tool_choice``: a string as is, ``{"type": "function", "name"}`` -> the name. ``reasoning.effort == "none"`` -> ``enable_thinking=False``. ``text.format``
+``tool_choice``: a string as is, ``{"type": "function", "name"}`` -> the name,
+``{"type": "allowed_tools", "mode", "tools"}`` -> ``mode`` with ``allowed_tools`` (the names of
+its function entries; every tool stays in the prompt). ``reasoning.effort == "none"`` -> ``enable_thinking=False``. ``text.format``
 json_object / json_schema -> ``response_format`` (a 400 while ``response_format`` is in
 :data:`redlite.server.schemas.UNSUPPORTED_FIELDS`). ``max_output_tokens`` -> ``max_tokens``;
 ``prompt_cache_key`` -> the session key.
@@ -39,7 +41,7 @@ from redlite.core.chat import ChatRequest
 from redlite.engine.base import SamplingParams
 from redlite.server.errors import APIError
 from redlite.server.reasoning_token import decode_reasoning
-from redlite.server.responses_schemas import ReasoningItem, ResponsesRequest
+from redlite.server.responses_schemas import AllowedToolsChoice, ReasoningItem, ResponsesRequest
 from redlite.server.schemas import UNSUPPORTED_FIELDS
 
 log = logging.getLogger("redlite.server.responses")
@@ -159,7 +161,15 @@ def convert_tools(body: ResponsesRequest) -> list[dict]:
 def _tool_choice(choice) -> str:
     if choice is None:
         return "auto"
+    if isinstance(choice, AllowedToolsChoice):
+        return choice.mode
     return choice if isinstance(choice, str) else choice.name
+
+
+def _allowed_tools(choice) -> list[str] | None:
+    if not isinstance(choice, AllowedToolsChoice):
+        return None
+    return [tool.get("name") for tool in choice.tools if tool.get("type") == "function"]
 
 
 def _response_format(body: ResponsesRequest) -> dict | None:
@@ -174,7 +184,8 @@ def _response_format(body: ResponsesRequest) -> dict | None:
         return {"type": "json_object"}
     if kind == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
-            raise APIError(400, "text.format.schema: required for json_schema", "text.format.schema")
+            what = "required" if fmt.get("schema") is None else "must be an object (a JSON schema)"
+            raise APIError(400, f"text.format.schema: {what} for json_schema", "text.format.schema")
         return {"type": "json_schema", "schema": fmt["schema"], "strict": bool(fmt.get("strict"))}
     raise APIError(400, f"text.format.type: unsupported format {kind!r}", "text.format.type")
 
@@ -200,7 +211,7 @@ def to_chat_request(body: ResponsesRequest, history: list[dict] | None = None) -
         kwargs["enable_thinking"] = False
     request = ChatRequest(
         messages=convert_input(body, history), tools=convert_tools(body),
-        tool_choice=_tool_choice(body.tool_choice),
+        tool_choice=_tool_choice(body.tool_choice), allowed_tools=_allowed_tools(body.tool_choice),
         parallel_tool_calls=True if body.parallel_tool_calls is None else body.parallel_tool_calls,
         template_kwargs=kwargs, max_tokens=body.max_output_tokens,
         sampling=SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,

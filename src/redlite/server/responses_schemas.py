@@ -140,6 +140,16 @@ class FunctionChoice(BaseModel):
     name: StrictStr
 
 
+class AllowedToolsChoice(BaseModel):
+    """``{"type": "allowed_tools", "mode": "auto" | "required", "tools": [{"type": "function",
+    "name"}, ...]}``: only these tools may be called (entries of other types are skipped)."""
+
+    model_config = _STRICT
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+
 class ReasoningOptions(BaseModel):
     """``reasoning``: ``effort`` (``none`` turns the template's thinking off), ``summary``."""
 
@@ -174,7 +184,7 @@ class ResponsesRequest(BaseModel):
     input: StrictStr | Annotated[list[InputItem], Field(min_length=1)]
     instructions: StrictStr | None = None
     tools: list[FunctionTool | OtherTool] | None = None
-    tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
+    tool_choice: Literal["auto", "none", "required"] | FunctionChoice | AllowedToolsChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     max_output_tokens: int_in(ge=1) | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
