@@ -247,13 +247,35 @@ def test_batch_graphs_capture_only_steady_sets(monkeypatch):
     graphs = BatchGraphs(model, a.state, use_graphs=True, capture_after=3)
     pool._shared["batch_graphs"] = graphs
     captured = []
-    monkeypatch.setattr(graphs, "_capture", lambda key, states, span, tokens, pos: captured.append(len(states)))
+    monkeypatch.setattr(graphs, "_capture", lambda key, states, span, io: captured.append(len(states)))
     for slots in ([a, b], [a, c], [a, b], [a, c], [b, c], [b, c]):
         pool.decode_batch(slots, [4] * len(slots))
     assert captured == []
     pool.decode_batch([b, c], [5, 5])
     assert captured == [2]
     assert (a.n_past, b.n_past, c.n_past) == (7, 8, 8)
+
+
+@pytest.mark.timeout(60)
+def test_batch_graphs_by_size_capture_at_once_with_the_address_table(monkeypatch):
+    """With ops that read states by address, a graph is keyed by the batch size: its capture
+    is asked at a size's first step whatever slots fill it, and its static input holds the
+    tokens, the positions and each state's cache address (recorded here; CUDA runs it)."""
+    model = make_llama()
+    pool = TorchEngine(model, ctx_size=64, device="cpu", cuda_graphs=True)
+    a, b, c = pool, pool.new_slot(), pool.new_slot()
+    for n, slot in enumerate((a, b, c)):
+        slot.prefill([1, 2, 3][:n + 1])
+    graphs = BatchGraphs(model, a.state, use_graphs=True, capture_after=3)
+    graphs.by_size = True
+    pool._shared["batch_graphs"] = graphs
+    captured = []
+    monkeypatch.setattr(graphs, "_capture", lambda key, states, span, io: captured.append((key[0], io.tolist())))
+    pool.decode_batch([c, a], [7, 8])
+    pool.decode_batch([a, b, c], [4, 5, 6])
+    addresses = [s.state.cache.data.data_ptr() for s in (a, b, c)]
+    assert captured == [(2, [[7, 8], [3, 1], [addresses[2], addresses[0]]]),
+                        (3, [[4, 5, 6], [2, 2, 4], addresses])]
 
 
 def test_slot_warm_up_leaves_every_slot_empty_and_decoding_as_fresh():

@@ -90,3 +90,69 @@ def test_batched_attention_kernel_equals_one_sequence_kernel(gated, window):
                                    combine_in_kernel=False)
         assert torch.equal(got[b], want), b
         assert torch.equal(caches[b].data, twin.data), b
+
+
+@pytest.mark.parametrize("kind", ["llama", "hybrid"])
+def test_one_graph_per_batch_size_serves_every_set_of_slots(kind):
+    """Five slots decoded in sets that change every step (pairs and triples in turn, each slot
+    fed its alone run's greedy tokens), float32: every row equals that prompt decoded alone
+    (greedy tokens equal, logits within 1e-3), and the pool captured one graph per batch size
+    (two), whatever slots filled it."""
+    model, vocab = (make_llama(), 96) if kind == "llama" else (make_hybrid(), 120)
+    model = model.to("cuda")
+    feeds, steps = prompts(vocab, lengths=(5, 11, 1, 23, 7)), 8
+    want, fed = greedy_alone(TorchEngine(model, ctx_size=128, device="cuda", cuda_graphs=True), feeds, steps)
+    pool = TorchEngine(model, ctx_size=128, device="cuda", cuda_graphs=True)
+    slots = [pool] + [pool.new_slot() for _ in feeds[1:]]
+    for slot, ids in zip(slots, feeds):
+        slot.prefill(ids)
+    done = [0] * len(slots)
+    sets = [(0, 1), (2, 3, 4), (1, 3), (4, 0, 2), (3, 0), (1, 2, 4), (2, 4), (0, 1, 3)]
+    for step in range(24):
+        chosen = [i for i in sets[step % len(sets)] if done[i] < steps]
+        if len(chosen) < 2:
+            continue
+        rows = pool.decode_batch([slots[i] for i in chosen], [fed[i][done[i]] for i in chosen])
+        for i, row in zip(chosen, rows):
+            done[i] += 1
+            expect = want[i][done[i]]
+            assert float((row - expect).abs().max()) <= 1e-3 * max(1.0, float(expect.abs().max())), (i, step)
+            assert int(row.argmax()) == int(expect.argmax()), (i, step)
+    built = pool._shared["batch_graphs"]
+    assert built.by_size and built.captures == 2 and built.n_graphs == 2
+
+
+@pytest.mark.parametrize("block_v", [16, 32])
+def test_batched_gdn_kernel_equals_one_sequence_kernel(block_v):
+    """:func:`gdn_step_batch` of 4 sequences whose states sit in separate flat buffers, found
+    by address, against :func:`gdn_step` on copies of each: outputs and updated conv and
+    recurrent states bitwise equal, counters left zero (bfloat16, two value heads per key
+    head, so the last program of a key head writes the q/k conv window; 16-byte aligned
+    buffers and rows, as the states of real shapes)."""
+    from redlite.layers import triton_gdn
+    from redlite.layers.gated_deltanet import GatedDeltaNet
+
+    torch.manual_seed(0)
+    dev, dt, batch = torch.device("cuda"), torch.bfloat16, 4
+    mixer = GatedDeltaNet(64, 2, 4, 16, 32, conv_kernel_size=4, device=dev, dtype=dt)
+    with torch.no_grad():
+        for name, p in mixer.named_parameters():
+            p.copy_(torch.empty_like(p).uniform_(-2.0, 1.0) if name == "A_log" else 0.5 * torch.randn_like(p))
+    conv_n, rec_n = torch.Size(mixer.conv_state_shape()), torch.Size(mixer.recurrent_state_shape())
+    pad = 64  # the layer's states start past the flat buffers' starts, as in a multi-layer state
+    flats = [(torch.randn(pad + conv_n.numel(), device=dev).to(dt), torch.randn(pad + rec_n.numel(), device=dev))
+             for _ in range(batch)]
+    views = [(c[pad:].view(conv_n), r[pad:].view(rec_n)) for c, r in flats]
+    twins = [(c.clone(), r.clone()) for c, r in views]
+    proj = torch.randn(batch, mixer.in_proj_weight.shape[0], device=dev).to(dt)
+    conv_bases = torch.tensor([c.data_ptr() for c, _ in flats], device=dev)
+    rec_bases = torch.tensor([r.data_ptr() for _, r in flats], device=dev)
+    counters = torch.zeros(batch * 2, dtype=torch.int32, device=dev)
+    with torch.inference_mode():
+        got = triton_gdn.gdn_step_batch(proj, conv_bases, rec_bases, pad, pad, views[0][0], mixer,
+                                        counters=counters, block_v=block_v)
+        for b, (conv, rec) in enumerate(twins):
+            want = triton_gdn.gdn_step(proj[b:b + 1], conv, rec, mixer, block_v=block_v)
+            assert torch.equal(got[b:b + 1], want), b
+            assert torch.equal(views[b][0], conv) and torch.equal(views[b][1], rec), b
+    assert not counters.any()

@@ -1,17 +1,24 @@
 """CUDA-graph replay of the batched decode step (:func:`redlite.models.batch_step.batch_decode_step`).
 
-A captured graph holds raw pointers into the caches (and hybrid conv/recurrent states) of the
-very states it was captured with, so a graph serves one *set* of slots in one order (key: the
-states' identities and the span); tokens and positions are copied into its static ``[B]``
-tensors before each replay. Every slot state is allocated once and never reallocated (reset,
-rewind, restore and checkpoints copy into it), so a graph stays valid while its slots live.
+Two keys, after what the step's ops can do:
 
-Capture policy: a set of slots is captured once it has been decoded ``capture_after`` steps
-in a row (earlier steps, and sets that keep changing, run the same step eagerly), so a batch
-whose membership changes every few tokens does not pay a capture per step; the last
-``max_graphs`` graphs are kept (least recently used dropped). Spans: as the single-sequence
-:class:`~redlite.engine.cuda_graphs.GraphDecoder` (one span with the Triton ops, else
-power-of-two buckets of :func:`~redlite.engine.cuda_graphs.bucket_spans`).
+* ops with an address table (the Triton ops, :meth:`slot_table` not None): one graph per
+  batch size. Its static int64 ``[2 + R, B]`` input holds the tokens, the positions and the
+  states' address table (:mod:`redlite.models.slot_table`), all refilled from one pinned host
+  tensor before each replay, so a graph captured on one set of slots serves any other set of
+  as many slots. A size is captured the first time it is decoded (sizes are bounded by the
+  pool's slots, so none is dropped); the slot warm-up's step of every size captures them all
+  before the server reports ready.
+* the torch ops (they take the states' tensors): a graph holds raw pointers into the caches
+  (and hybrid conv/recurrent states) of the states it was captured with, so it serves one
+  *set* of slots in one order (key: the states' identities and the span). A set is captured
+  once it has been decoded ``capture_after`` steps in a row (earlier steps, and sets that keep
+  changing, run the same step eagerly); the last ``max_graphs`` graphs are kept.
+
+Every slot state is allocated once and never reallocated (reset, rewind, restore and
+checkpoints copy into it), so addresses stay valid while the slots live. Spans: as the
+single-sequence :class:`~redlite.engine.cuda_graphs.GraphDecoder` (one span with the Triton
+ops, else power-of-two buckets of :func:`~redlite.engine.cuda_graphs.bucket_spans`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from redlite.engine.graph_capture import capture_graph
 from redlite.engine.kernel_options import KernelOptions
 from redlite.layers.decode_ops import TorchDecodeOps, decode_ops
 from redlite.models.batch_step import batch_decode_step
+from redlite.models.slot_table import table_rows
 
 log = logging.getLogger("redlite.batch_graphs")
 
@@ -37,9 +45,11 @@ class BatchGraphs:
 
     ``use_graphs``: None captures on CUDA and runs the step eagerly elsewhere (tests).
     ``ops``: the per-sequence decode ops (default :func:`decode_ops` for the model's device,
-    dtype and head size). ``capture_after``: consecutive steps of one set before it is
-    captured; ``max_graphs``: graphs kept; ``kernels``: the kernel options the default ops follow. Attributes ``n_graphs``, ``captures`` (count so
-    far), ``ops``, ``use_graphs``.
+    dtype and head size). ``capture_after`` (consecutive steps of one set before it is
+    captured) and ``max_graphs`` (graphs kept) apply to graphs per set of slots;
+    ``kernels``: the kernel options the default ops follow. Attributes ``by_size`` (graphs
+    per batch size: the ops read the states by address), ``n_graphs``, ``captures`` (count
+    so far), ``ops``, ``use_graphs``.
     """
 
     def __init__(self, model, template_state, use_graphs: bool | None = None, ops: TorchDecodeOps | None = None,
@@ -53,9 +63,10 @@ class BatchGraphs:
                                      batch_invariant=kernels.batch_invariant)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
         self.spans = [self.max_tokens] if self.ops.length_from_pos else bucket_spans(self.max_tokens)
+        self.by_size = bool(self.ops.by_address)
         self.capture_after, self.max_graphs = max(1, int(capture_after)), max(1, int(max_graphs))
         self._tables = model.rotary.get(0, self.max_tokens, self.device, self.dtype)  # built before any capture
-        # key -> (graph, tokens, pos, logits, states): the states kept alive keep their ids unique
+        # key -> (graph, static input, logits, states held)
         self._graphs: OrderedDict = OrderedDict()
         self._finite = weakref.WeakSet()  # states whose unused cache rows were zeroed
         self._last_key, self._streak = None, 0
@@ -77,29 +88,47 @@ class BatchGraphs:
         span = choose_span(max(positions) + 1, self.spans)
         if not self.ops.length_from_pos:
             self._zero_unused(states)
-        key = (tuple(id(s) for s in states), span)
+        rows = [positions]
+        if self.by_size:
+            key = (len(states), span)
+            rows += table_rows(states)
+        else:
+            key = (tuple(id(s) for s in states), span)
         self._streak = self._streak + 1 if key == self._last_key else 1
         self._last_key = key
-        pinned = self.device.type == "cuda"
-        if isinstance(token_ids, torch.Tensor):
-            host = torch.tensor(positions, dtype=torch.long, pin_memory=pinned)
-            tokens_in, pos_in = token_ids, host
-        else:
-            host = torch.tensor([list(token_ids), positions], dtype=torch.long, pin_memory=pinned)
-            tokens_in, pos_in = host[0], host[1]
+        on_device = isinstance(token_ids, torch.Tensor)
+        host = torch.tensor(rows if on_device else [list(token_ids), *rows], dtype=torch.long,
+                            pin_memory=self.device.type == "cuda")
         entry = self._graphs.get(key)
-        if entry is None and self.use_graphs and self._streak >= self.capture_after:
-            entry = self._capture(key, states, span, tokens_in, pos_in)
         if entry is None:
-            tokens = tokens_in.to(self.device, non_blocking=True)
-            pos = pos_in.to(self.device, non_blocking=True)
-            return batch_decode_step(self.model, tokens, pos, states, span, self.ops)
+            io = self._inputs(token_ids, host, None)
+            if self.use_graphs and (self.by_size or self._streak >= self.capture_after):
+                entry = self._capture(key, states, span, io)
+            if entry is None:
+                return batch_decode_step(self.model, io[0], io[1], states, span, self.ops, self._table(io))
+        else:
+            self._inputs(token_ids, host, entry[1])
         self._graphs.move_to_end(key)
-        graph, tokens, pos, logits, _states = entry
-        tokens.copy_(tokens_in, non_blocking=True)
-        pos.copy_(pos_in, non_blocking=True)
+        graph, _io, logits, _states = entry
         graph.replay()
         return logits
+
+    def _inputs(self, token_ids, host: torch.Tensor, io: torch.Tensor | None) -> torch.Tensor:
+        """The step's device inputs ``[2 (+ R), B]`` (tokens, positions, address table) from
+        ``host`` (without the tokens row when ``token_ids`` is a device tensor), written into
+        ``io`` (a graph's static input) or a new tensor."""
+        if io is None:
+            io = torch.empty((host.shape[0] + isinstance(token_ids, torch.Tensor), host.shape[1]),
+                             dtype=torch.long, device=self.device)
+        if isinstance(token_ids, torch.Tensor):
+            io[0].copy_(token_ids)
+            io[1:].copy_(host, non_blocking=True)
+        else:
+            io.copy_(host, non_blocking=True)
+        return io
+
+    def _table(self, io: torch.Tensor) -> torch.Tensor | None:
+        return io[2:] if self.by_size else None
 
     def _zero_unused(self, states) -> None:
         """The torch ops read ``span`` rows and mask the ones past each position: keep those
@@ -109,27 +138,27 @@ class BatchGraphs:
                 state.cache.data[:, :, :, state.n_past:].zero_()
                 self._finite.add(state)
 
-    def _capture(self, key, states, span: int, tokens_in: torch.Tensor, pos_in: torch.Tensor):
+    def _capture(self, key, states, span: int, io: torch.Tensor):
         """Warm up on a side stream (Triton compiles, cuBLAS picks kernels), put back what the
         warm-up changed (recurrent states; the KV rows it wrote are written again identically
-        by the replay that follows), then capture. A failure is logged and the set runs
-        eagerly (None)."""
-        tokens = tokens_in.to(self.device, copy=True)
-        pos = pos_in.to(self.device, copy=True)
+        by the replay that follows), then capture with ``io`` as the static input. A failure
+        is logged and the step runs eagerly from then on (None)."""
         saved = [s.export_recurrent() if hasattr(s, "export_recurrent") else None for s in states]
+        table = self._table(io)
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
-                batch_decode_step(self.model, tokens, pos, states, span, self.ops)
+                batch_decode_step(self.model, io[0], io[1], states, span, self.ops, table)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             for state, payload in zip(states, saved):
                 if payload is not None:
                     state.import_recurrent(payload, state.n_past)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            graph, logits = capture_graph(lambda: batch_decode_step(self.model, tokens, pos, states, span, self.ops),
-                                          self.device, self._pool)
+            graph, logits = capture_graph(
+                lambda: batch_decode_step(self.model, io[0], io[1], states, span, self.ops, table), self.device,
+                self._pool)
         except Exception:  # noqa: BLE001 - any capture trouble: this set decodes eagerly
             log.exception("batched decode graph capture failed for %d slots; eager", len(states))
             for state, payload in zip(states, saved):
@@ -138,13 +167,15 @@ class BatchGraphs:
             self.use_graphs = False
             return None
         self.captures += 1
-        self._graphs[key] = (graph, tokens, pos, logits, tuple(states))
-        while len(self._graphs) > self.max_graphs:
+        # a size's graph keeps no state alive (it reads addresses); a set's keeps its states' ids unique
+        self._graphs[key] = (graph, io, logits, () if self.by_size else tuple(states))
+        while not self.by_size and len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
         return self._graphs[key]
 
     def forget(self, state) -> None:
-        """Drop the graphs that hold ``state`` (call before the state is freed)."""
-        for key in [k for k in self._graphs if id(state) in k[0]]:
+        """Drop the graphs that hold ``state`` (call before the state is freed); graphs per
+        batch size hold none."""
+        for key in [k for k, entry in self._graphs.items() if any(s is state for s in entry[3])]:
             del self._graphs[key]
         self._finite.discard(state)

@@ -154,8 +154,9 @@ def warm_up_slots(engines, devices=("cuda",)) -> float:
     """Warm a pool of slots up (``engines``: the pool's engine first, then its slots): each
     slot's own graph decoder captured, and one batched decode step of every batch size from 2
     to ``len(engines)``, plus one fed from device picks (batch sizes change the batched
-    attention's key slicing, so each size may compile its own kernels). Every slot is reset
-    afterwards. Returns the seconds it took (0 when the pool is not on one of ``devices``)."""
+    attention's key slicing, so each size may compile its own kernels; with graphs per batch
+    size these steps capture them). Every slot is reset afterwards. Returns the seconds it
+    took (0 when the pool is not on one of ``devices``)."""
     device = getattr(engines[0], "device", None)
     if len(engines) < 2 or getattr(device, "type", None) not in devices:
         return 0.0
@@ -179,6 +180,7 @@ def warm_up_slots(engines, devices=("cuda",)) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
-    log.info("slot warm-up done in %.2f s: %d slots, %d CUDA graphs of their own, batched steps of 2-%d",
-             seconds, len(engines), graphs, len(engines))
+    batched = getattr(pool, "_shared", {}).get("batch_graphs")
+    log.info("slot warm-up done in %.2f s: %d slots, %d CUDA graphs of their own, batched steps of 2-%d "
+             "(%d batched graphs)", seconds, len(engines), graphs, len(engines), getattr(batched, "n_graphs", 0))
     return seconds

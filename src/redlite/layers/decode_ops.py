@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from redlite.layers.norm import rms_norm, zero_centered_rms_norm
 from redlite.layers.rotary import apply_rotary
+from redlite.models.slot_table import slot_table
 
 log = logging.getLogger("redlite.decode_ops")
 
@@ -123,11 +124,13 @@ class TorchDecodeOps:
     def batch_rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           norm_weight: torch.Tensor | None, eps: float, caches, layer: int, n_heads: int,
                           n_kv_heads: int, head_dim: int, span: int, window: int | None,
-                          gated: bool = False, k_norm: torch.Tensor | None = None) -> torch.Tensor:
+                          gated: bool = False, k_norm: torch.Tensor | None = None,
+                          table: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`rope_attend` (``gated``: :meth:`gated_rope_attend` with ``norm_weight`` the
         q norm and ``k_norm``) of B sequences: row b of ``qkv`` [B, width] at ``pos[b]``
         (LongTensor [B]) into ``caches[b]`` (:class:`~redlite.layers.kv_cache.KVCache`),
-        cache layer ``layer``. Returns [B, H * D]. Here: one sequence at a time."""
+        cache layer ``layer``. ``table``: the states' :meth:`slot_table` (ops that address
+        the caches through it). Returns [B, H * D]. Here: one sequence at a time."""
         rows = []
         for b, cache in enumerate(caches):
             keys, values = cache.keys[layer], cache.values[layer]
@@ -138,6 +141,23 @@ class TorchDecodeOps:
                 rows.append(self.rope_attend(qkv[b:b + 1], pos[b:b + 1], cos, sin, norm_weight, eps, keys, values,
                                              n_heads, n_kv_heads, head_dim, span, window).reshape(1, -1))
         return torch.cat(rows)
+
+    #: whether the batched ops read the states through :meth:`slot_table`
+    by_address = False
+
+    def slot_table(self, states) -> torch.Tensor | None:
+        """The address table the batched ops read the states through
+        (:func:`~redlite.models.slot_table.slot_table`); None: these ops take the states'
+        tensors themselves."""
+        return None
+
+    def batch_gdn_step(self, proj: torch.Tensor, states, layer: int, mixer,
+                       table: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`gdn_step` of B sequences: row b of ``proj`` [B, width] over ``states[b]``'s
+        conv and recurrent states of layer ``layer`` (updated in place); ``table`` as in
+        :meth:`batch_rope_attend`. Returns [B, Hv * Dv]. Here: one sequence at a time."""
+        return torch.cat([self.gdn_step(proj[b:b + 1], state.conv[layer], state.recurrent[layer], mixer)
+                          for b, state in enumerate(states)]).view(len(states), -1)
 
     def silu_mul(self, gate_up: torch.Tensor, inter: int) -> torch.Tensor:
         """``silu(gate) * up`` of ``gate_up`` [T, 2 * inter] (gate first) -> new [T, inter]."""
@@ -204,6 +224,7 @@ class TritonDecodeOps(TorchDecodeOps):
     """
 
     length_from_pos = True
+    by_address = True
     DEFAULT_PDL = 1
     DEFAULT_PDL_ATTENTION = 0
 
@@ -219,7 +240,7 @@ class TritonDecodeOps(TorchDecodeOps):
         self.counters = torch.zeros(n_kv_heads, dtype=torch.int32, device=device)
         # finished-program counts of the Gated DeltaNet step, one per key head (it resets them)
         self.gdn_counters = torch.zeros(triton_gdn.MAX_KEY_HEADS, dtype=torch.int32, device=device)
-        self._bases: dict = {}  # cache-address tables of the batched attention, by addresses
+        self._tables: dict = {}  # address tables of batched steps, by addresses
         self.fused_gemv = bool(fused_gemv)
         self.batch_invariant = bool(batch_invariant) and self.fused_gemv
         if pdl is None:
@@ -262,13 +283,16 @@ class TritonDecodeOps(TorchDecodeOps):
                                              n_kv_heads, head_dim, window, self.n_splits, self.counters,
                                              pdl=self.pdl_attention)
 
+    def slot_table(self, states):
+        return slot_table(states, self.counters.device, self._tables)
+
     def batch_rope_attend(self, qkv, pos, cos, sin, norm_weight, eps, caches, layer, n_heads, n_kv_heads,
-                          head_dim, span, window, gated=False, k_norm=None):
+                          head_dim, span, window, gated=False, k_norm=None, table=None):
         # one launch for all B sequences (the key-slice count spread over them)
         from redlite.layers import triton_batch_attention as tba
 
         batch = qkv.shape[0]
-        bases = tba.cache_bases(caches, qkv.device, self._bases)
+        bases = table[0] if table is not None else tba.cache_bases(caches, qkv.device)
         splits = self.n_splits if self.batch_invariant else tba.batch_splits(qkv.device, n_kv_heads, batch, head_dim)
         out = tba.batch_decode_attention(qkv.contiguous(), pos, cos, sin, norm_weight, eps, bases, caches[0], layer,
                                          n_heads, n_kv_heads, head_dim, window, splits, gated=gated,
@@ -301,6 +325,19 @@ class TritonDecodeOps(TorchDecodeOps):
             return super().gdn_step(proj, conv_state, recurrent_state, mixer)
         return triton_gdn.gdn_step(proj, conv_state, recurrent_state, mixer, pdl=self.pdl,
                                    counters=self.gdn_counters)
+
+
+    def batch_gdn_step(self, proj, states, layer, mixer, table=None):
+        from redlite.layers import triton_gdn
+
+        m = mixer
+        if not triton_gdn.supported(m.num_key_heads, m.num_value_heads, m.key_head_dim, m.value_head_dim,
+                                    m.conv_kernel_size):
+            return super().batch_gdn_step(proj, states, layer, mixer, table)
+        table = self.slot_table(states) if table is None else table
+        conv_off, rec_off = states[0].layer_offsets(layer)
+        return triton_gdn.gdn_step_batch(proj, table[1], table[2], conv_off, rec_off, states[0].conv[layer], mixer,
+                                         pdl=self.pdl, counters=self.gdn_counters)
 
 
 def triton_available() -> bool:

@@ -5,8 +5,8 @@ kernel with a third grid axis over the sequences (``BATCHED``), each reading its
 its own position and its own KV cache. The caches are separate tensors (one
 :class:`~redlite.layers.kv_cache.KVCache` per slot, ``data`` ``[layers, 2, Hkv, max_tokens,
 D]`` contiguous, all of one shape), so the kernel finds sequence b's cache through a table of
-base addresses (:func:`cache_bases`); a layer's keys are ``layer * data.stride(0)`` elements
-past the base and its values ``data.stride(1)`` further. One launch per layer (plus the
+base addresses (row 0 of :func:`~redlite.models.slot_table.slot_table`); a layer's keys are
+``layer * data.stride(0)`` elements past the base and its values ``data.stride(1)`` further. One launch per layer (plus the
 split combine) replaces B launches of the single-sequence kernel and its combine.
 
 Each row is computed exactly as the single-sequence kernel computes it alone with the same
@@ -23,27 +23,16 @@ import torch
 import triton
 
 from redlite.layers import triton_decode as td
+from redlite.models.slot_table import check_caches
 
 
-def cache_bases(caches: Sequence, device: torch.device, memo: dict | None = None) -> torch.Tensor:
+def cache_bases(caches: Sequence, device: torch.device) -> torch.Tensor:
     """int64 ``[B]`` on ``device``: the address of each cache's ``data`` (a
-    :class:`~redlite.layers.kv_cache.KVCache`). ``memo``: a dict reused between calls, keyed by
-    the addresses themselves (a table is a function of them), so repeated steps of one set of
-    slots, and a CUDA-graph capture after its warm-up step, copy nothing to the device. Raises
-    ``ValueError`` when the caches differ in shape or are not contiguous."""
-    first = caches[0].data
-    for cache in caches:
-        if cache.data.shape != first.shape or not cache.data.is_contiguous():
-            raise ValueError("batched attention needs contiguous caches of one shape")
-    key = tuple(cache.data.data_ptr() for cache in caches)
-    if memo is not None and key in memo:
-        return memo[key]
-    table = torch.tensor(key, dtype=torch.int64).to(device)
-    if memo is not None:
-        if len(memo) >= 64:
-            memo.pop(next(iter(memo)))
-        memo[key] = table
-    return table
+    :class:`~redlite.layers.kv_cache.KVCache`); the batched step takes row 0 of
+    :func:`~redlite.models.slot_table.slot_table` instead. Raises ``ValueError`` when the
+    caches differ in shape or are not contiguous."""
+    check_caches(caches)
+    return torch.tensor([cache.data.data_ptr() for cache in caches], dtype=torch.int64).to(device)
 
 
 def batch_splits(device: torch.device, n_kv_heads: int, batch: int, head_dim: int | None = None) -> int:
@@ -59,8 +48,8 @@ def batch_decode_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tens
                            k_norm_weight: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
     """Attention of B tokens of B sequences: ``qkv`` [B, width] (row b as
     :func:`~redlite.layers.triton_decode.decode_attention` takes it, contiguous rows),
-    ``pos`` LongTensor [B] (sequence b's position), ``bases`` from :func:`cache_bases` for the
-    B caches, ``like`` one of those caches (shape and strides; every cache has them), ``layer``
+    ``pos`` LongTensor [B] (sequence b's position), ``bases`` the B caches' addresses
+    (int64 [B] on the device: :func:`cache_bases`, or row 0 of a slot table), ``like`` one of those caches (shape and strides; every cache has them), ``layer``
     the cache layer index. Writes each token's k/v into its own cache at its position; returns
     [B, H, D] in qkv's dtype (``gated``: times sigmoid(gate), as the single-sequence kernel).
     Norms, rotary and windows as :func:`~redlite.layers.triton_decode.decode_attention`.

@@ -24,6 +24,9 @@ and weights are read before waiting for the previous kernel: only this layer's s
 its states, and the kernel before it never is that step. Rounding follows the torch
 reference step by step (the conv's products and sum, and the SiLU, in the model dtype;
 everything after it in float32).
+
+:func:`gdn_step_batch` runs the same kernel over B sequences (a third grid axis), each
+finding its states through a table of addresses, so one CUDA graph serves any set of slots.
 """
 
 from __future__ import annotations
@@ -102,7 +105,9 @@ def _gated_norm(o, h, proj_ptr, nw_ptr, out_ptr, eps, CONV_DIM: tl.constexpr, DV
 @triton.jit
 def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_ptr, out_ptr, o_ptr, count_ptr,
                      eps, q_scale, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                     BLOCK_V: tl.constexpr, KW: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_V: tl.constexpr, KW: tl.constexpr, PDL: tl.constexpr, conv_base=None, rec_base=None,
+                     conv_off=0, rec_off=0, row_stride=0, BATCHED: tl.constexpr = False,
+                     ALIGNED: tl.constexpr = False):
     h = tl.program_id(0)
     G: tl.constexpr = HV // HK
     NVB: tl.constexpr = DV // BLOCK_V
@@ -110,6 +115,18 @@ def _gdn_step_kernel(proj_ptr, cs_ptr, cw_ptr, alog_ptr, dtb_ptr, state_ptr, nw_
     dt = out_ptr.dtype.element_ty
     KEY_DIM: tl.constexpr = HK * DK
     CONV_DIM: tl.constexpr = 2 * HK * DK + HV * DV
+    if BATCHED:  # program_id(2): sequence b, its proj row, outputs, counters, and states by address
+        seq = tl.program_id(2)
+        cs_ptr = tl.load(conv_base + seq).to(tl.pointer_type(cs_ptr.dtype.element_ty)) + conv_off
+        state_ptr = tl.load(rec_base + seq).to(tl.pointer_type(tl.float32)) + rec_off
+        proj_ptr += seq * row_stride
+        if ALIGNED:  # 16-byte aligned, as a tensor argument is known to be: the lone step's load layouts
+            cs_ptr = tl.multiple_of(cs_ptr, 16)
+            state_ptr = tl.multiple_of(state_ptr, 16)
+            proj_ptr = tl.multiple_of(proj_ptr, 16)
+        out_ptr += seq * (HV * DV)
+        o_ptr += seq * (HV * DV)
+        count_ptr += seq * HK
     kk = tl.arange(0, DK)
     vv = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     q_ch = kh * DK + kk
@@ -208,4 +225,39 @@ def gdn_step(proj: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torc
         counters, float(m.eps), m.key_head_dim ** -0.5, HK=m.num_key_heads, HV=m.num_value_heads,
         DK=m.key_head_dim, DV=dv, BLOCK_V=block_v, KW=m.conv_kernel_size, PDL=int(pdl), num_warps=num_warps or GDN_WARPS,
         **extra)
+    return out
+
+
+def gdn_step_batch(proj: torch.Tensor, conv_bases: torch.Tensor, rec_bases: torch.Tensor, conv_off: int,
+                   rec_off: int, like_conv: torch.Tensor, mixer, pdl: int = 0, counters: torch.Tensor | None = None,
+                   num_warps: int | None = None, block_v: int | None = None) -> torch.Tensor:
+    """:func:`gdn_step` of B sequences in one launch: row b of ``proj`` [B, width] (rows
+    contiguous) over the conv and recurrent states of sequence b, found by address:
+    ``conv_bases[b] + conv_off`` elements of ``like_conv``'s dtype and ``rec_bases[b] +
+    rec_off`` float32 elements (int64 ``[B]`` tables on the device, rows 1 and 2 of
+    :func:`~redlite.models.slot_table.slot_table`; offsets from ``layer_offsets``), updated in
+    place. Each row is computed as :func:`gdn_step` computes it alone, bitwise when every
+    state and ``proj`` row starts 16-byte aligned (the kernel is then told so and loads as the
+    lone kernel does; the buffers of real shapes are), else to float rounding. Returns
+    [B, Hv*Dv] in proj's dtype. ``counters``: int32 zeros, at least B x key heads, left zero
+    (None or too few: fresh zeros). Other arguments as :func:`gdn_step`."""
+    m = mixer
+    batch, dv = proj.shape[0], m.value_head_dim
+    if conv_bases.numel() != batch or rec_bases.numel() != batch or proj.stride(-1) != 1:
+        raise ValueError(f"batched GDN step: proj {tuple(proj.shape)}, tables {conv_bases.numel()}, "
+                         f"{rec_bases.numel()}")
+    block_v = min(block_v or GDN_BLOCK_V, dv)
+    if counters is None or counters.numel() < batch * m.num_key_heads:
+        counters = torch.zeros(batch * m.num_key_heads, dtype=torch.int32, device=proj.device)
+    out = torch.empty(batch, m.value_dim, device=proj.device, dtype=proj.dtype)
+    o_full = out if block_v == dv else torch.empty(batch, m.value_dim, device=proj.device, dtype=torch.float32)
+    extra = {"launch_pdl": True} if pdl else {}
+    aligned = (proj.data_ptr() % 16 == 0 and proj.stride(0) * proj.element_size() % 16 == 0
+               and conv_off * like_conv.element_size() % 16 == 0 and rec_off * 4 % 16 == 0)
+    _gdn_step_kernel[(m.num_value_heads, dv // block_v, batch)](
+        proj, like_conv, m.conv_weight, m.A_log, m.dt_bias, like_conv, m.norm_weight, out, o_full,
+        counters, float(m.eps), m.key_head_dim ** -0.5, HK=m.num_key_heads, HV=m.num_value_heads,
+        DK=m.key_head_dim, DV=dv, BLOCK_V=block_v, KW=m.conv_kernel_size, PDL=int(pdl),
+        conv_base=conv_bases, rec_base=rec_bases, conv_off=int(conv_off), rec_off=int(rec_off),
+        row_stride=proj.stride(0), BATCHED=True, ALIGNED=aligned, num_warps=num_warps or GDN_WARPS, **extra)
     return out

@@ -92,6 +92,11 @@ class LlamaState(ModelState):
         self.max_tokens = self.cache.max_tokens
         self.n_past = 0
 
+    def buffer_addresses(self) -> tuple[int]:
+        """Device address of the KV cache's ``data`` (allocated once, never moved: batched
+        CUDA graphs read it from a table refilled before each replay)."""
+        return (self.cache.data.data_ptr(),)
+
     def truncate(self, n_tokens: int) -> None:
         if not 0 <= n_tokens <= self.n_past:
             raise EngineError(f"cannot truncate {self.n_past} tokens to {n_tokens}")

@@ -73,6 +73,21 @@ class Qwen3_5State(ModelState):
                              max_tokens, self.device, dtype)
         self.max_tokens = self.cache.max_tokens
 
+    # --- addresses (batched CUDA graphs) ----------------------------------------------------
+
+    def buffer_addresses(self) -> tuple[int, int, int]:
+        """Device addresses of this state's fixed buffers: the KV cache's ``data``, the flat
+        conv buffer and the flat float32 recurrent buffer. They are allocated once and never
+        moved (reset, rollback and loads copy into them), so batched CUDA graphs read them
+        from a table refilled before each replay."""
+        return (self.cache.data.data_ptr(), self._flat[0].data_ptr(), self._flat[1].data_ptr())
+
+    def layer_offsets(self, layer: int) -> tuple[int, int]:
+        """Elements from the flat conv and recurrent buffers' starts to linear-attention
+        layer ``layer``'s conv and recurrent states (the same in every state of one model)."""
+        return (self.conv[layer].data_ptr() - self._flat[0].data_ptr()) // self._flat[0].element_size(), \
+            (self.recurrent[layer].data_ptr() - self._flat[1].data_ptr()) // 4
+
     # --- sizes --------------------------------------------------------------------------------
 
     def recurrent_nbytes(self) -> int:
