@@ -1,15 +1,18 @@
 """Launch settings of the hybrid family's two non-matrix decode kernels on a GPU: the gated
-attention (head_dim 256) and the Gated DeltaNet step, each timed alone on the Qwen3.5-9B
-shapes (a graph of one launch per layer, median of replays), then the whole decode with the
-fastest settings applied. One process, minutes on an H200.
+attention (head_dim 256) and the Gated DeltaNet step, each timed alone on a Qwen3.5 shape
+(default 9b; a graph of one launch per layer, median of replays), then the whole decode with
+the fastest settings applied. One process, minutes on an H200.
 
-Usage: ``PYTHONPATH=src python3 bench/hybrid_tune.py [--out FILE.json] [--gdn-only]``
+Usage: ``PYTHONPATH=src python3 bench/hybrid_tune.py [--out FILE.json] [--gdn-only] [--shape S
+--layers N --contexts 1024,8192 --no-decode]`` (``--layers``: a shallow model of the shape, for
+the kernel sweeps alone)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from hybrid_report import SHAPES, model_sizes  # noqa: E402
 
 ATTN_CHOICES = [  # (block_n, num_warps, num_stages, splits_per_sm)
     (64, 4, 3, 2), (32, 4, 2, 2), (32, 4, 3, 2), (64, 8, 2, 2), (32, 8, 2, 2), (16, 4, 3, 2),
-    (32, 4, 2, 4), (64, 4, 2, 4), (32, 8, 3, 4)]
+    (32, 4, 2, 4), (64, 4, 2, 4), (32, 8, 3, 4), (32, 4, 2, 1), (32, 4, 2, 0.5), (64, 4, 2, 1), (16, 4, 3, 1)]
 GDN_CHOICES = [(bv, w) for bv in (16, 32, 64, 128) for w in (1, 2, 4, 8)]  # (block_v, num_warps)
 
 
@@ -49,7 +52,7 @@ def tune_attention(model, device, ctx, out):
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     bytes_read = 2 * kv * (ctx + 1) * d * 2
     for block_n, warps, stages, per_sm in ATTN_CHOICES:
-        splits = max(1, min(128, -(-per_sm * sms // kv)))
+        splits = max(1, min(128, math.ceil(per_sm * sms / kv)))
 
         def call():
             tk.decode_attention(qkv, pos, cos, sin, layer.q_norm_weight, 1e-6, cache[0], cache[1], h, kv, d, None,
@@ -98,6 +101,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
     parser.add_argument("--gdn-only", action="store_true", help="only the Gated DeltaNet step's sweep")
+    parser.add_argument("--shape", default="9b", choices=sorted(SHAPES))
+    parser.add_argument("--layers", type=int, help="build only this many layers of the shape (kernel sweeps)")
+    parser.add_argument("--contexts", default="8192,32768", help="attention sweep contexts")
+    parser.add_argument("--no-decode", action="store_true", help="skip the whole-decode comparison")
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.set_grad_enabled(False)
@@ -108,7 +115,10 @@ def main() -> None:
     from redlite.models.qwen3_5 import Qwen3_5Model
 
     gpu.ceilings(device, torch.bfloat16, False)
-    model = random_weights(Qwen3_5Model(SHAPES["9b"], device=device, dtype=torch.bfloat16))
+    config = dict(SHAPES[args.shape])
+    if args.layers:
+        config["num_hidden_layers"] = args.layers
+    model = random_weights(Qwen3_5Model(config, device=device, dtype=torch.bfloat16))
     rows: list[dict] = []
     with torch.inference_mode():
         tune_gdn(model, device, rows)
@@ -118,7 +128,7 @@ def main() -> None:
             if args.out:
                 Path(args.out).write_text(json.dumps({"rows": rows, "ceilings": gpu.R["ceilings"]}, indent=1))
             return
-        for ctx in (8192, 32768):
+        for ctx in (int(c) for c in args.contexts.split(",")):
             tune_attention(model, device, ctx, rows)
     attn = [r for r in rows if r["kernel"] == "attention"]
     best_attn = min({(r["block_n"], r["num_warps"], r["num_stages"], r["splits_per_sm"]) for r in attn},
@@ -128,6 +138,11 @@ def main() -> None:
     best_gdn = (best["block_v"], best["num_warps"])
     print(f"best attention settings (sum over contexts): {best_attn}; best gdn (block_v, warps): {best_gdn}",
           flush=True)
+    if args.no_decode:
+        if args.out:
+            Path(args.out).write_text(json.dumps({"rows": rows, "best_attention": best_attn, "best_gdn": best_gdn,
+                                                  "ceilings": gpu.R["ceilings"]}, indent=1))
+        return
     decode = {}
     for label, attn_cfg, gdn in (("default", None, (triton_gdn.GDN_BLOCK_V, triton_gdn.GDN_WARPS)),
                                  ("best", best_attn, best_gdn)):

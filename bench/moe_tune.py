@@ -2,7 +2,7 @@
 GPU: the Qwen3.5-35B-A3B block (256 experts, 8 per token, widths 512, hidden 2048) timed as a
 graph of one step per layer over distinct layers (so no weight comes from L2), for each pair
 of settings of the down kernel (gate/up at its default), then of the gate/up kernel (down at
-its best), then of the routing kernel's warps, then of the router product's GEMV (None: its table's),
+its best), then of the routing kernel's warps (or no routing kernel: each gate/up program routes), then of the router product's GEMV (None: its table's),
 against the bytes the step reads (router,
 shared expert, the 8 chosen experts); then the best with PDL and the kernel split (µs and
 GB/s per kernel). One process, about a minute.
@@ -29,7 +29,7 @@ GATE_UP = [(4, 2048, 4, 0), (4, 512, 4, 0), (8, 512, 4, 0), (2, 2048, 4, 0), (4,
            (4, 2048, 8, 1), (2, 2048, 4, 4), (2, 2048, 4, 3), (4, 2048, 4, 3)]  # (block_n, block_k, warps, per SM)
 DOWN = [(4, 512, 4), (4, 512, 8), (2, 512, 4), (1, 512, 4), (8, 512, 8), (4, 256, 4), (8, 256, 8),
         (2, 256, 2)]  # (block_n, block_i, num_warps)
-ROUTE_WARPS = [1, 2, 4]
+ROUTE_WARPS = [1, 2, 4, 0]  # 0: no routing kernel, each gate/up program routes
 ROUTER = [None, (1, 2048, 4, 1, 0), (2, 2048, 4, 1, 0), (1, 2048, 8, 1, 0), (2, 1024, 4, 1, 0)]  # gemv settings
 
 
@@ -61,9 +61,9 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         say(f"moe step {label:>34}: {us:7.2f} us/layer  {row['GBps']:6.0f} GB/s  "
             f"{row['pct_of_copy_bw'] or float('nan'):5.1f}% of copy bandwidth")
 
-    def triton_step(gu, down, pdl, warps=None):
+    def triton_step(gu, down, pdl, warps=None):  # warps 0: routing inside the gate/up kernel
         return lambda m, x, nw: triton_moe.moe_step(x, nw, 1e-6, m, pdl=pdl, gate_up_config=gu, down_config=down,
-                                                    route_warps=warps)
+                                                    route_warps=warps or None, route_in_gate_up=warps == 0)
 
     def best_row():
         return min((r for r in rows if "gate_up" in r), key=lambda r: r["us_per_layer"])
@@ -101,8 +101,12 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         best = best_row()
         gu, down, warps, router = best["gate_up"], best["down"], best["route_warps"], best["router"]
         set_router(router)
-        measure(f"gate/up {gu} down {down} route {warps} router {router} pdl 1", triton_step(gu, down, 1, warps),
-                gate_up=gu, down=down, route_warps=warps, router=router, pdl=1)
+        for route in dict.fromkeys([warps, 0 if warps else triton_moe.ROUTE_WARPS or 1]):  # both routings with PDL
+            measure(f"gate/up {gu} down {down} route {route} router {router} pdl 1", triton_step(gu, down, 1, route),
+                    gate_up=gu, down=down, route_warps=route, router=router, pdl=1)
+        with_pdl = min((r for r in rows if r.get("pdl") == 1), key=lambda r: r["us_per_layer"])
+        best = {**best, "route_warps": with_pdl["route_warps"]}
+        warps = best["route_warps"]
         try:
             rows.append(kernel_split(layers, triton_step(gu, down, 0, warps), say))
         except Exception as error:  # noqa: BLE001 - a profiler that does not run here
@@ -110,7 +114,8 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
     set_router(best["router"] if apply else None)
     if apply:
         triton_moe.GATE_UP_CONFIG, triton_moe.DOWN_CONFIG = tuple(best["gate_up"]), tuple(best["down"])
-        triton_moe.ROUTE_WARPS = best["route_warps"]
+        triton_moe.ROUTE_IN_GATE_UP = best["route_warps"] == 0
+        triton_moe.ROUTE_WARPS = best["route_warps"] or triton_moe.ROUTE_WARPS
         say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}, route warps {best['route_warps']}, "
             f"router gemv {best['router'] or 'from its table'}")
     return rows

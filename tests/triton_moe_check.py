@@ -44,12 +44,15 @@ def check_moe_step(device, dtype, tol, gen):
             want = REF.moe(x.clone(), nw, 1e-6, moe)
             # the second steps through the columns (block_k / block_i below the row lengths) and
             # its gate/up programs stride over the row blocks (one program per multiprocessor);
-            # the third is the module's defaults
+            # the third and fourth route inside the gate/up kernel (no routing kernel); the last
+            # is the module's defaults
             for gate_up, down, route_warps in (((4, 4096, 4, 0), (4, 512, 4), 1), ((2, 32, 8, 1), (8, 16, 2), 4),
+                                               ((4, 4096, 4, 0), (4, 512, 4), 0), ((2, 32, 8, 1), (8, 16, 2), 0),
                                                (None, None, None)):
                 got = x.clone()
                 out = triton_moe.moe_step(got, nw, 1e-6, moe, gate_up_config=gate_up, down_config=down,
-                                          route_warps=route_warps)
+                                          route_warps=route_warps or None,
+                                          route_in_gate_up=None if route_warps is None else route_warps == 0)
                 assert out.data_ptr() == got.data_ptr(), "moe_step must update x in place"
                 close(f"moe step {case} token {step} configs {gate_up}/{down}", got, want, tol)
 

@@ -42,6 +42,8 @@ GATE_UP_CONFIG = (2, 2048, 4, 4)
 DOWN_CONFIG = (2, 256, 2)
 #: warps of the one-program routing kernel (its reductions span all of them)
 ROUTE_WARPS = 1
+#: route inside the gate/up kernel instead of a routing kernel of its own (see :func:`moe_step`)
+ROUTE_IN_GATE_UP = False
 MAX_EXPERTS = 1024
 
 
@@ -77,6 +79,11 @@ def _route_kernel(logits_ptr, route_ptr, E, TOP_K: tl.constexpr, NORM_TOPK: tl.c
     pdl_sync(PDL)
     js = tl.arange(0, BLOCK_TK)
     ids, ws = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TK, NORM_TOPK)
+    _store_route(logits_ptr, route_ptr, E, ids, ws, js, BLOCK_TK)
+
+
+@triton.jit
+def _store_route(logits_ptr, route_ptr, E, ids, ws, js, BLOCK_TK: tl.constexpr):
     tl.store(route_ptr + js, ids.to(tl.float32))
     tl.store(route_ptr + BLOCK_TK + js, ws)
     g = tl.load(logits_ptr + E)
@@ -108,7 +115,8 @@ def _gu_tile(gu_ptr, sgu_ptr, ids, js, block, n_blocks, nb_s, nb_r, H, I, IS, ks
 @triton.jit
 def _gate_up_kernel(x_ptr, nw_ptr, route_ptr, gu_ptr, sgu_ptr, act_ptr, H, I, IS, IMAX, eps, nb_s, nb_r, n_blocks,
                     TOP_K: tl.constexpr, BLOCK_TK: tl.constexpr, ZC: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, STRIDED: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_K: tl.constexpr, STRIDED: tl.constexpr, PDL: tl.constexpr, logits_ptr=None, E=0,
+                    ROUTE: tl.constexpr = False, NORM_TOPK: tl.constexpr = False, BLOCK_E: tl.constexpr = 1):
     # one program per row block, or (STRIDED) programs stride over the blocks, each loading its
     # next block's first tile before working on the current one; the shared expert's first
     # tiles are read before waiting
@@ -119,7 +127,13 @@ def _gate_up_kernel(x_ptr, nw_ptr, route_ptr, gu_ptr, sgu_ptr, act_ptr, H, I, IS
     dt = act_ptr.dtype.element_ty
     w, w_up = _load_tile(sgu_ptr, pid, IS, H, 0, ks, BLOCK_N, 2)  # rows past IS read nothing
     pdl_sync(PDL)
-    ids = tl.load(route_ptr + js, mask=js < TOP_K, other=0.0).to(tl.int64)
+    if ROUTE:  # every program routes from the router logits; program 0 writes the routing for the down kernel
+        ids32, ws = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TK, NORM_TOPK)
+        ids = ids32.to(tl.int64)
+        if pid == 0:
+            _store_route(logits_ptr, route_ptr, E, ids32, ws, js, BLOCK_TK)
+    else:
+        ids = tl.load(route_ptr + js, mask=js < TOP_K, other=0.0).to(tl.int64)
     base = sgu_ptr + pid * 0
     n = IS + pid * 0
     rb = pid
@@ -196,7 +210,7 @@ def supported(moe) -> bool:
 def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_centered: bool = True,
              pdl: int = 0, gate_up_config: tuple[int, int, int, int] | None = None,
              down_config: tuple[int, int, int] | None = None, configs=None,
-             route_warps: int | None = None) -> torch.Tensor:
+             route_warps: int | None = None, route_in_gate_up: bool | None = None) -> torch.Tensor:
     """``x += moe(rms_norm(x))`` in place for one token: ``x`` [1, H] contiguous (the residual
     stream), ``norm_weight`` [H] the block's input norm (``zero_centered``: the Qwen3.5 form),
     ``moe`` a :class:`~redlite.layers.moe.SparseMoE` in x's dtype. Four launches (router
@@ -204,6 +218,8 @@ def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_c
     launch (see :mod:`redlite.layers.triton_gemv`); configs as ``GATE_UP_CONFIG`` /
     ``DOWN_CONFIG`` (the defaults), ``route_warps`` as ``ROUTE_WARPS``; ``configs``: the
     router product's GEMV table (:func:`redlite.layers.triton_gemv.gemv_config`).
+    ``route_in_gate_up`` (default ``ROUTE_IN_GATE_UP``): every gate/up program routes for
+    itself and the first one writes the routing for the down kernel (three launches).
     """
     h = x.shape[-1]
     e, k, inter, s_inter = moe.num_experts, moe.top_k, moe.inter, moe.shared.inter
@@ -214,9 +230,11 @@ def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_c
     route = torch.empty(2 * block_tk + 1, device=x.device, dtype=torch.float32)
     act = torch.empty(k + 1, i_max, device=x.device, dtype=x.dtype)
     extra = {"launch_pdl": True} if pdl else {}
-    _route_kernel[(1,)](logits, route, e, TOP_K=k, NORM_TOPK=bool(moe.norm_topk_prob),
-                        BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl),
-                        num_warps=route_warps or ROUTE_WARPS, **extra)
+    fused = ROUTE_IN_GATE_UP if route_in_gate_up is None else bool(route_in_gate_up)
+    if not fused:
+        _route_kernel[(1,)](logits, route, e, TOP_K=k, NORM_TOPK=bool(moe.norm_topk_prob),
+                            BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl),
+                            num_warps=route_warps or ROUTE_WARPS, **extra)
     bn, bk, warps, per_sm = gate_up_config or GATE_UP_CONFIG
     nb_s, nb_r = triton.cdiv(s_inter, bn), triton.cdiv(inter, bn)
     n_blocks = nb_s + k * nb_r
@@ -224,7 +242,8 @@ def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_c
     _gate_up_kernel[(programs,)](
         x, norm_weight, route, moe.gate_up_weight, moe.shared.gate_up_weight, act, h, inter, s_inter, i_max,
         float(eps), nb_s, nb_r, n_blocks, TOP_K=k, BLOCK_TK=block_tk, ZC=bool(zero_centered), BLOCK_N=bn,
-        BLOCK_K=min(bk, triton.next_power_of_2(h)), STRIDED=bool(per_sm), PDL=int(pdl), num_warps=warps, **extra)
+        BLOCK_K=min(bk, triton.next_power_of_2(h)), STRIDED=bool(per_sm), PDL=int(pdl), logits_ptr=logits, E=e,
+        ROUTE=fused, NORM_TOPK=bool(moe.norm_topk_prob), BLOCK_E=triton.next_power_of_2(e), num_warps=warps, **extra)
     bn, bi, warps = down_config or DOWN_CONFIG
     _down_kernel[(triton.cdiv(h, bn),)](
         act, route, moe.down_weight, moe.shared.down_weight, x, h, inter, s_inter, i_max, TOP_K=k,
