@@ -1,6 +1,7 @@
 """The OpenAI Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
 ``GET /v1/responses/{id}/input_items`` (:mod:`redlite.server.responses_items`), ``POST
-/v1/responses/input_tokens`` (the prompt's tokens of a body, generating nothing).
+/v1/responses/input_tokens`` (the prompt's tokens of a body, generating nothing; a prompt past
+the context is counted, not refused).
 
 An adapter (issue 14): the body (plus the stored conversation of ``previous_response_id``) is
 converted into a :class:`~redlite.core.chat.ChatRequest` (:mod:`redlite.server.responses_convert`),
