@@ -1,5 +1,8 @@
 """Responses requests against the OpenAI API's rules, in process (echo engine), through the
-official ``openai`` SDK and raw HTTP: ``input_tokens`` counts prompts of any length."""
+official ``openai`` SDK and raw HTTP: ``input_tokens`` counts prompts of any length; an answer
+cut by ``max_output_tokens`` gives the same items streamed or not."""
+
+import json
 
 import openai
 import pytest
@@ -26,3 +29,49 @@ def test_input_tokens_counts_a_prompt_longer_than_the_context():
         assert info.value.body["code"] == "context_length_exceeded"
         with pytest.raises(openai.NotFoundError):
             client.responses.input_tokens.count(model="m", input="y" * 200, previous_response_id="resp_gone")
+
+
+TOOLS = [{"type": "function", "name": "shell",
+          "parameters": {"type": "object", "properties": {"cmd": {"type": "array", "items": {"type": "string"}}}}}]
+CALL = "<tool_call>\n" + json.dumps({"name": "shell", "arguments": {"cmd": ["ls", "-la"]}}) + "\n</tool_call>"
+
+
+def without_ids(items):
+    """The items without their ids (item and call ids are new in every response)."""
+    return [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("text", [CALL, "Let me look." + CALL])
+def test_a_call_cut_by_max_output_tokens_is_the_same_streamed_or_not(text):
+    """The streamed response kept the cut call (``function_call``, status ``incomplete``, its
+    arguments so far); the non-streamed one dropped it (an empty message instead when it was
+    all). Both now end as OpenAI's do: status ``incomplete``, ``incomplete_details`` reason
+    ``max_output_tokens``, the items so far, the cut call last and ``incomplete``."""
+    with EchoApp() as app:
+        cut_calls, start = 0, len(text) - len(CALL)
+        limits = [3] + [start + k for k in (20, 40, 45, 50, 60)] + [len(text) + 5]
+        for limit in limits:
+            body = {"model": "m", "input": text, "tools": TOOLS, "max_output_tokens": limit}
+            plain = app.client.post("/v1/responses", json=body).json()
+            with app.client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+                frames = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines()
+                          if line.startswith("data: ")]
+            streamed = frames[-1]["response"]
+            assert frames[-1]["type"] == f"response.{streamed['status']}"
+            assert (plain["status"], plain["incomplete_details"]) == \
+                (streamed["status"], streamed["incomplete_details"]), limit
+            assert without_ids(plain["output"]) == without_ids(streamed["output"]), limit
+            done = [f["item"] for f in frames if f["type"] == "response.output_item.done"]
+            assert without_ids(done) == without_ids(streamed["output"])
+            calls = [item for item in plain["output"] if item["type"] == "function_call"]
+            if plain["status"] == "completed":
+                assert limit == limits[-1] and json.loads(calls[0]["arguments"]) == {"cmd": ["ls", "-la"]}
+                continue
+            assert plain["incomplete_details"] == {"reason": "max_output_tokens"}
+            if calls:  # the cut call with its arguments so far, never parsed as a whole one
+                assert calls == plain["output"][-1:] and calls[0]["name"] == "shell"
+                assert calls[0]["status"] == "incomplete"
+                assert '{"cmd": ["ls", "-la"]}'.startswith(calls[0]["arguments"])
+                cut_calls += 1
+        assert cut_calls == 3  # at 45 (no arguments yet), 50 and 60 characters into the call
