@@ -1,6 +1,7 @@
 """Responses requests against the OpenAI API's rules, in process (echo engine), through the
 official ``openai`` SDK and raw HTTP: ``input_tokens`` counts prompts of any length; an answer
-cut by ``max_output_tokens`` gives the same items streamed or not."""
+cut by ``max_output_tokens`` gives the same items streamed or not; ``include`` takes the API's
+values only."""
 
 import json
 
@@ -75,3 +76,33 @@ def test_a_call_cut_by_max_output_tokens_is_the_same_streamed_or_not(text):
                 assert '{"cmd": ["ls", "-la"]}'.startswith(calls[0]["arguments"])
                 cut_calls += 1
         assert cut_calls == 3  # at 45 (no arguments yet), 50 and 60 characters into the call
+
+
+@pytest.mark.timeout(30)
+def test_include_takes_the_apis_values_only():
+    """An ``include`` value outside the API's list (a typo, say) was accepted silently; now a 400
+    naming the entry, on every route that takes ``include``. Every listed value is accepted
+    (those naming items redlite never makes change nothing) and the list is the SDK's."""
+    from typing import get_args
+
+    from openai.types.responses import ResponseIncludable
+
+    from redlite.server.responses_schemas import INCLUDABLE
+
+    assert set(INCLUDABLE) == set(get_args(ResponseIncludable))
+    with EchoApp() as app:
+        client = sdk(app)
+        response = client.responses.create(model="m", input="<think>\nhm\n</think>\n\nok",
+                                           include=list(INCLUDABLE))
+        assert response.output_text == "ok" and response.output[0].encrypted_content.startswith("rlr1.")
+        assert response.output[1].content[0].logprobs == []
+        bad = ["reasoning.encrypted_content", "reasoning.encrypted"]
+        for path in ("/v1/responses", "/v1/responses/input_tokens"):
+            r = app.client.post(path, json={"model": "m", "input": "x", "include": bad})
+            assert r.status_code == 400, (path, r.text)
+            error = r.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["param"] == "include.1", error
+            assert "'reasoning.encrypted_content'" in error["message"]
+        r = app.client.get(f"/v1/responses/{response.id}/input_items", params={"include": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith("include"), r.text
+        assert len(client.responses.input_items.list(response.id, include=list(INCLUDABLE)).data) == 1

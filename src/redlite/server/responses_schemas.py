@@ -7,7 +7,7 @@ typed by ``type`` (a message may omit it); item types the converter does not use
 (``custom_tool_call``, ``local_shell_call``, ``web_search_call`` ...) are accepted and skipped,
 and so are tools of types other than ``function``. Image, file and audio parts and
 ``item_reference`` items are refused (``unsupported_content``), and so are the fields of
-:data:`UNSUPPORTED_RESPONSES_FIELDS`.
+:data:`UNSUPPORTED_RESPONSES_FIELDS` and ``include`` values outside :data:`INCLUDABLE`.
 """
 
 from __future__ import annotations
@@ -166,6 +166,19 @@ class TextOptions(BaseModel):
     format: dict[str, Any] | None = None
 
 
+INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+              "message.input_image.image_url", "computer_call_output.output.image_url",
+              "code_interpreter_call.outputs", "reasoning.encrypted_content",
+              "message.output_text.logprobs")
+"""The values ``include`` takes (the API's ``ResponseIncludable``); any other is a 400 naming
+it. Only ``reasoning.encrypted_content`` changes the output (see
+:mod:`redlite.server.reasoning_token`); the others are accepted with no effect: they name items
+redlite never makes (tool results, images) or, ``message.output_text.logprobs``, the
+``logprobs`` lists that stay empty."""
+
+Includable = Literal[INCLUDABLE]
+
+
 UNSUPPORTED_RESPONSES_FIELDS: dict[str, Unsupported] = {
     "conversation": Unsupported((None,), "conversation (the Conversations API; continue with "
                                          "previous_response_id or send the whole input)"),
@@ -193,7 +206,7 @@ class ResponsesRequest(BaseModel):
     text: TextOptions | None = None
     store: StrictBool = True
     previous_response_id: StrictStr | None = None
-    include: list[StrictStr] | None = None
+    include: list[Includable] | None = None
     stream: StrictBool = False
     prompt_cache_key: StrictStr | None = None
     metadata: dict[str, Any] | None = None
