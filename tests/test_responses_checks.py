@@ -1,7 +1,7 @@
 """Responses requests against the OpenAI API's rules, in process (echo engine), through the
 official ``openai`` SDK and raw HTTP: ``input_tokens`` counts prompts of any length; an answer
 cut by ``max_output_tokens`` gives the same items streamed or not; ``include`` takes the API's
-values only."""
+values only; a reasoning item's ``encrypted_content`` is redlite's own, intact, or ignored."""
 
 import json
 
@@ -106,3 +106,42 @@ def test_include_takes_the_apis_values_only():
         r = app.client.get(f"/v1/responses/{response.id}/input_items", params={"include": bad})
         assert r.status_code == 400 and r.json()["error"]["param"].startswith("include"), r.text
         assert len(client.responses.input_items.list(response.id, include=list(INCLUDABLE)).data) == 1
+
+
+def reasoning_input(**fields):
+    return [{"role": "user", "content": "q"},
+            {"type": "reasoning", "summary": [], **fields},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+            {"role": "user", "content": "next"}]
+
+
+@pytest.mark.timeout(30)
+def test_encrypted_content_is_ours_intact_or_ignored(caplog):
+    """``rlr1.`` + garbage was accepted silently (the reasoning dropped from the prompt): a token
+    in redlite's format that does not decode is a 400 naming the field. A value of another
+    server (OpenAI's own, from a conversation moved here) cannot be read by redlite: it is
+    ignored, logged, and the item's own text is used, as without it."""
+    from redlite.server.reasoning_token import encode_reasoning
+
+    with EchoApp() as app:
+        client = sdk(app)
+        for token in ("rlr1.garbage!", "rlr1." + encode_reasoning("why")[5:-4]):
+            for path in ("/v1/responses", "/v1/responses/input_tokens"):
+                r = app.client.post(path, json={"model": "m", "input": reasoning_input(encrypted_content=token)})
+                assert r.status_code == 400, (path, r.text)
+                error = r.json()["error"]
+                assert error["param"] == "input.1.encrypted_content", error
+                assert "not a reasoning token this server gave" in error["message"], error
+        text = [{"type": "reasoning_text", "text": "why"}]
+
+        def count(**fields):
+            return client.responses.input_tokens.count(model="m", input=reasoning_input(**fields)).input_tokens
+
+        ours = count(encrypted_content=encode_reasoning("why"))
+        assert ours == count(content=text) > count()
+        with caplog.at_level("INFO", logger="redlite.server.responses"):
+            assert count(encrypted_content="gAAAAABforeign", content=text) == ours
+            assert count(encrypted_content="gAAAAABforeign") == count()
+        assert any("encrypted_content" in m and "ignored" in m for m in caplog.messages), caplog.messages
+        answer = client.responses.create(model="m", input=reasoning_input(encrypted_content="gAAAAABforeign"))
+        assert answer.output_text == "next"

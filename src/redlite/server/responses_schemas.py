@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator,
+                      model_validator)
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
+from redlite.server.reasoning_token import PREFIX as REASONING_PREFIX, decode_reasoning
 from redlite.server.schemas import Unsupported, int_in
 
 _STRICT = ConfigDict(extra="allow", strict=True)
@@ -79,13 +81,25 @@ class FunctionCallOutputItem(BaseModel):
 
 class ReasoningItem(BaseModel):
     """A replayed reasoning item: its text comes from our ``encrypted_content``, else its
-    ``reasoning_text`` content, else its summary."""
+    ``reasoning_text`` content, else its summary. An ``encrypted_content`` in redlite's format
+    (:mod:`redlite.server.reasoning_token`) that does not decode is refused (a damaged token
+    would silently drop the reasoning); any other value is another server's, which redlite
+    cannot read: the converter ignores it (logged)."""
 
     model_config = _STRICT
     type: Literal["reasoning"]
     summary: list[TextPart] = Field(default_factory=list)
     content: list[TextPart] | None = None
     encrypted_content: StrictStr | None = None
+
+    @field_validator("encrypted_content")
+    @classmethod
+    def _intact(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith(REASONING_PREFIX) and decode_reasoning(value) is None:
+            raise PydanticCustomError("reasoning_token", "not a reasoning token this server gave (it "
+                                      "starts as one but does not decode): send the item back as "
+                                      "the response gave it, or without encrypted_content")
+        return value
 
 
 class OtherItem(BaseModel):
