@@ -116,7 +116,9 @@ class ChatOutput:
     """The whole parsed answer (non-streamed view). finish_reason: ``stop``, ``length``,
     ``tool_calls``, ``stop_sequence`` is reported as ``stop`` with ``stop_sequence`` set.
     dropped_calls: calls the scanner dropped (malformed, or cut by ``max_tokens``): their text
-    was generated but is in neither ``content`` nor ``tool_calls``."""
+    was generated but is in neither ``content`` nor ``tool_calls``.
+    cut_call: the call ``max_tokens`` cut after its name was streamed (one of ``dropped_calls``),
+    with its arguments so far (what was streamed), else None; never a call to run."""
 
     content: str = ""
     reasoning: str = ""
@@ -124,3 +126,4 @@ class ChatOutput:
     finish_reason: str = "stop"
     stop_sequence: str | None = None
     dropped_calls: int = 0
+    cut_call: ToolCall | None = None

@@ -22,7 +22,8 @@ and right before a call opener.
 Equality of streaming and non-streaming: the final output is built from the very events that
 were emitted, so the pieces of each kind concatenate exactly to it, whatever the chunking. The
 one exception is a call cut by ``max_tokens`` (finish ``length``): its start and partial
-arguments were streamed, and the final output drops it (no half call is reported as a call).
+arguments were streamed, and the final output drops it (no half call is reported as a call;
+``ChatOutput.cut_call`` keeps what was streamed of it).
 
 ``max_tokens`` cutting an answer after a complete call, with only whitespace since, ends it
 with ``tool_calls`` (the calls are whole; a forced call often ends on the limit's last
@@ -266,8 +267,10 @@ class OutputScanner:
                 self._lex("", events)
                 if call.started and not call.complete:
                     self._drop(call.index)
-            elif call.started:
-                self._drop(call.index)  # cut by max_tokens: no half call is reported
+            elif call.started:  # cut by max_tokens: no half call is reported as a call
+                cut = self.output.tool_calls[call.index]
+                self.output.cut_call = ToolCall(cut.id, cut.name, cut.arguments)
+                self._drop(call.index)
             else:  # a call cut before its name was complete is dropped too (it is no text either)
                 self.output.dropped_calls += 1
         elif self._pending:

@@ -7,7 +7,9 @@ the torch engine).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 #: the first character of the markers put into message contents for a marked render (message
 #: boundaries, replay splices): ASCII, so a marked text stays one byte per character (a U+2063
@@ -71,6 +73,26 @@ class PromptTooLong(ValueError):
         self.at_least, self.limit = at_least, limit
 
 
+_UNLIMITED: ContextVar[bool] = ContextVar("redlite_unlimited_prompt", default=False)
+
+
+@contextmanager
+def no_prompt_limit() -> Iterator[None]:
+    """Inside it (this thread or task), :func:`prompt_limit_of` is None: renders for a token
+    count, which answers prompts of any length, skip the tokenizer's ``prompt_limit`` check."""
+    token = _UNLIMITED.set(True)
+    try:
+        yield
+    finally:
+        _UNLIMITED.reset(token)
+
+
+def prompt_limit_of(tokenizer: object) -> int | None:
+    """The ``prompt_limit`` a render applies now: the tokenizer's, None inside
+    :func:`no_prompt_limit`."""
+    return None if _UNLIMITED.get() else getattr(tokenizer, "prompt_limit", None)
+
+
 def min_prompt_tokens(texts: Iterable[object], max_token_chars: int | None) -> int:
     """A lower bound on the tokens a prompt containing ``texts`` takes, without rendering or
     tokenizing: the characters of its string texts (other items count 0) over the most
@@ -120,7 +142,8 @@ class Tokenizer(Protocol):
     :func:`min_prompt_tokens`; absent or None when unknown.
     prompt_limit (optional attribute): when set (the server sets the context size),
     ``render_chat`` may raise :class:`PromptTooLong` for a rendering that provably exceeds it,
-    before the work of tokenizing it.
+    before the work of tokenizing it (never inside :func:`no_prompt_limit`: it reads
+    :func:`prompt_limit_of`).
     turn_tokens (optional attribute): a lower bound on the special tokens the chat template
     writes per user -> assistant turn (for :func:`min_chat_tokens`); absent or 0 when unknown.
     """

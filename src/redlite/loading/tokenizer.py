@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from redlite.core.tokenizer import PromptTooLong, RenderedPrompt
+from redlite.core.tokenizer import PromptTooLong, RenderedPrompt, prompt_limit_of
 from redlite.loading.chat_template import ChatTemplate
 from redlite.loading.message_bounds import PrefixRenders, message_boundaries
 from redlite.loading.plain_specials import PlainSpecials, map_positions, special_strings
@@ -218,15 +218,18 @@ class HFTokenizer:
         recent inputs): do not change its lists.
 
         Raises:
-            PromptTooLong: :attr:`prompt_limit` is set and the rendered text provably has more
+            PromptTooLong: :attr:`prompt_limit` is set (outside
+                :func:`redlite.core.tokenizer.no_prompt_limit`) and the rendered text provably has more
                 tokens (special tokens counted, the rest bounded by :attr:`max_token_chars`).
             ValueError: the tokenizer has no chat template.
             jinja2 errors raised by the template itself (e.g. ``raise_exception`` calls).
         """
+        limit = prompt_limit_of(self)  # a kept render serves both: callers check the exact count
         return self._renders.get_or_render(messages, (template_kwargs, self.prompt_limit),
-                                           lambda: self._render_chat(messages, template_kwargs))
+                                           lambda: self._render_chat(messages, template_kwargs, limit))
 
-    def _render_chat(self, messages: list[dict], template_kwargs: dict) -> RenderedPrompt:
+    def _render_chat(self, messages: list[dict], template_kwargs: dict,
+                     limit: int | None) -> RenderedPrompt:
         protected = self._plain_specials.protect(messages, template_kwargs)
         kwargs = protected.kwargs
         rendered = self._render(protected.messages, add_generation_prompt=True, **kwargs)
@@ -234,10 +237,10 @@ class HFTokenizer:
         text, at_sentinel, growth = rendered, np.zeros(0, np.int64), np.zeros(0, np.int64)
         if protected.base is not None:
             text, plain, at_sentinel, growth = self._plain_specials.restore(rendered, protected.base)
-        if self.prompt_limit is not None:
+        if limit is not None:
             at_least = self._segments.min_tokens(text, self.max_token_chars)
-            if at_least > self.prompt_limit:
-                raise PromptTooLong(at_least, self.prompt_limit)
+            if at_least > limit:
+                raise PromptTooLong(at_least, limit)
         pieces = None if plain else self._segments.encode_pieces(text, remember=True)
         cut_count = None
         if pieces is not None:  # tokenized from the last cut point shared with a recent prompt

@@ -1,4 +1,5 @@
-"""The Anthropic Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens``.
+"""The Anthropic Messages API: ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (the
+prompt's tokens, generating nothing; a prompt past the context is counted, not refused).
 
 An adapter (issue 14): the body is converted into a :class:`~redlite.core.chat.ChatRequest`
 (:mod:`redlite.server.anthropic_convert`), run by the chat service like a chat completion, and

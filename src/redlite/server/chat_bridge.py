@@ -25,8 +25,10 @@ from redlite.server.wire_common import Usage
 
 
 async def count_prompt_tokens(state, chat: ChatRequest) -> int:
-    """Tokens of the chat's rendered prompt (as the generation would see it), generating nothing."""
-    prepared = await state.chat.prepare(chat)
+    """Tokens of the chat's rendered prompt (as the generation would see it), generating nothing:
+    any length, a prompt past the context included (the route that generates refuses it);
+    every other check of the request applies."""
+    prepared = await state.chat.prepare(chat, fit=False)
     return len(prepared.generation.prompt_ids)
 
 

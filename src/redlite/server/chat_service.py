@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
@@ -33,7 +34,7 @@ from redlite.core.replay import REPLAY_MODES, ReplayStore
 from redlite.core.replay_record import record_turn
 from redlite.core.replay_splice import render_with_replay
 from redlite.core.generation import GenerationRequest, GenerationResult
-from redlite.core.tokenizer import PromptTooLong, min_chat_tokens
+from redlite.core.tokenizer import PromptTooLong, min_chat_tokens, no_prompt_limit
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
 from redlite.core.worker import Event, Job
 from redlite.server.errors import APIError, as_api_error, prompt_too_long
@@ -240,22 +241,25 @@ class ChatService:
                 raise APIError(400, f"tool_choice allows function {name!r}, which is not in tools",
                                "tool_choice")
 
-    def prepare_sync(self, request: ChatRequest) -> PreparedChat:
-        """Render and build the GenerationRequest (blocking: call from a thread)."""
+    def prepare_sync(self, request: ChatRequest, fit: bool = True) -> PreparedChat:
+        """Render and build the GenerationRequest (blocking: call from a thread). ``fit``: a
+        prompt longer than the context is a 400 ``context_length_exceeded`` (refused before
+        rendering or tokenizing when a lower bound shows it); False for a token count, which
+        answers any length and keeps every other check."""
         self.validate(request)
         # No lock: rendering and tokenizing are thread-safe and linear, so one long request never
         # holds up another's; a prompt that provably cannot fit is refused before the work
         # (rendering holds the GIL, so its cost is every concurrent request's delay).
-        at_least = min_chat_tokens(request.messages, self.tokenizer)
-        if at_least > self.max_context:
-            raise prompt_too_long(at_least, self.max_context, "messages", at_least=True)
+        if fit:
+            self._check_fits(min_chat_tokens(request.messages, self.tokenizer), at_least=True)
         head, prefill = request, ""
         if request.continue_final and request.messages:  # rendered up to the answer's start
             head = replace(request, messages=request.messages[:-1], continue_final=False)
             prefill = str(request.messages[-1].get("content") or "")
         try:
-            rendered, replayed = render_with_replay(self.tokenizer, head, self.replay,
-                                                    render_request)
+            with nullcontext() if fit else no_prompt_limit():
+                rendered, replayed = render_with_replay(self.tokenizer, head, self.replay,
+                                                        render_request)
         except PromptTooLong as error:
             raise prompt_too_long(error.at_least, error.limit, "messages", at_least=True) from None
         except Exception as error:  # a template that rejects the conversation
@@ -275,8 +279,8 @@ class ChatService:
             max_calls=None if request.parallel_tool_calls else 1)
         if not ids:
             raise APIError(400, "the prompt is empty", "messages")
-        if len(ids) > self.max_context:
-            raise prompt_too_long(len(ids), self.max_context, "messages")
+        if fit:
+            self._check_fits(len(ids))
         sampling = replace(request.sampling, constraint=constraint,
                            logprobs=request.logprobs if request.logprobs is not None
                            else request.sampling.logprobs)
@@ -289,6 +293,12 @@ class ChatService:
                      f" session={request.session_key}" if request.session_key else "")
         return PreparedChat(generation, parse, text, replayed,
                             request.messages[-1] if request.messages else None, bool(prefill))
+
+    def _check_fits(self, tokens: int, at_least: bool = False) -> None:
+        """The context rule of chat prompts: 400 for ``tokens`` (a lower bound when
+        ``at_least``) past ``max_context``."""
+        if tokens > self.max_context:
+            raise prompt_too_long(tokens, self.max_context, "messages", at_least=at_least)
 
     def _record(self, prepared: PreparedChat, result: ChatResult) -> None:
         if self.replay is not None and not prepared.continued:
@@ -324,8 +334,8 @@ class ChatService:
             raise APIError(400, str(error), error.param) from None
         return spec
 
-    async def prepare(self, request: ChatRequest) -> PreparedChat:
-        return await asyncio.to_thread(self.prepare_sync, request)
+    async def prepare(self, request: ChatRequest, fit: bool = True) -> PreparedChat:
+        return await asyncio.to_thread(self.prepare_sync, request, fit)
 
     async def start(self, request: ChatRequest, http_request: Any = None,
                     prepared: PreparedChat | None = None) -> ChatStream:

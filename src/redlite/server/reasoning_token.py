@@ -5,7 +5,9 @@ as Codex does, replay it instead of a stored response id).
 Format: ``"rlr1." + base64url(JSON {"reasoning": text})`` without padding. It is an encoding,
 not encryption and not signed: the text is the model's own output that the client already
 received, the string stays valid across server restarts, and a client that edits it only
-changes its own prompt (exactly as editing a replayed ``reasoning_text`` part would).
+changes its own prompt (exactly as editing a replayed ``reasoning_text`` part would). A replayed
+value with the prefix that does not decode is a 400; one without it is another server's and is
+ignored (:mod:`redlite.server.responses_schemas`, :mod:`redlite.server.responses_convert`).
 """
 
 from __future__ import annotations

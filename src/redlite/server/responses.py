@@ -1,6 +1,7 @@
 """The OpenAI Responses API: ``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
 ``GET /v1/responses/{id}/input_items`` (:mod:`redlite.server.responses_items`), ``POST
-/v1/responses/input_tokens`` (the prompt's tokens of a body, generating nothing).
+/v1/responses/input_tokens`` (the prompt's tokens of a body, generating nothing; a prompt past
+the context is counted, not refused).
 
 An adapter (issue 14): the body (plus the stored conversation of ``previous_response_id``) is
 converted into a :class:`~redlite.core.chat.ChatRequest` (:mod:`redlite.server.responses_convert`),
@@ -30,7 +31,8 @@ from redlite.server.errors import APIError
 from redlite.server.responses_convert import responses_param, to_chat_request
 from redlite.server.responses_events import ResponseStream, final_status, output_items, response_object
 from redlite.server.responses_items import input_items, page
-from redlite.server.responses_schemas import AllowedToolsChoice, FunctionChoice, ResponsesRequest
+from redlite.server.responses_schemas import (AllowedToolsChoice, FunctionChoice, Includable,
+                                              ResponsesRequest)
 from redlite.server.responses_store import ResponseStore
 from redlite.server.wire_common import sse_event
 from redlite.server.session_key import body_session_value, session_key_of
@@ -164,7 +166,7 @@ def mount_responses_routes(app: FastAPI, state, store: ResponseStore | None = No
     async def list_input_items(response_id: str, after: str | None = None,
                                before: str | None = None, limit: int = Query(20, ge=1, le=100),
                                order: Literal["asc", "desc"] = "desc",
-                               include: list[str] | None = Query(None)) -> Any:
+                               include: list[Includable] | None = Query(None)) -> Any:
         # include names output data (image urls, logprobs ...) that text-only items never carry
         return page(stored(response_id).input_items, after, before, limit, order)
 

@@ -13,7 +13,9 @@ History (OpenAI-shaped, see :mod:`redlite.core.chat`), in this order:
      ``text``, ``refusal``: their text; media parts are refused by the request model);
    * ``reasoning``: its text becomes the ``reasoning_content`` of the assistant message that
      follows; the text is taken from our ``encrypted_content`` (:mod:`redlite.server.
-     reasoning_token`), else its ``reasoning_text`` content parts, else its summary texts;
+     reasoning_token`), else its ``reasoning_text`` content parts, else its summary texts; an
+     ``encrypted_content`` of another server (not in our format: a damaged one of ours is
+     refused by the request model) is ignored, with one log line per request;
    * ``function_call``: a ``tool_calls`` entry (``id`` = ``call_id``) of the current assistant
      message (consecutive assistant items merge into one message, as the model produced them);
    * ``function_call_output``: a ``tool`` message (``tool_call_id`` = ``call_id``);
@@ -56,16 +58,18 @@ def _parts_text(parts) -> str:
     return "".join(part.text if part.type != "refusal" else part.refusal for part in parts)
 
 
-def reasoning_text(item: ReasoningItem) -> str:
-    """The reasoning a replayed ``reasoning`` item carries (see the module docstring)."""
+def reasoning_text(item: ReasoningItem) -> tuple[str, bool]:
+    """(the reasoning a replayed ``reasoning`` item carries, whether it had an
+    ``encrypted_content`` of another server, ignored; see the module docstring)."""
     if item.encrypted_content:
         text = decode_reasoning(item.encrypted_content)
         if text is not None:
-            return text
+            return text, False
+    foreign = bool(item.encrypted_content)
     parts = [p.text for p in item.content or [] if p.type == "reasoning_text"]
     if parts:
-        return "".join(parts)
-    return "\n\n".join(p.text for p in item.summary if p.type == "summary_text")
+        return "".join(parts), foreign
+    return "\n\n".join(p.text for p in item.summary if p.type == "summary_text"), foreign
 
 
 class _History:
@@ -75,6 +79,7 @@ class _History:
         self.messages = messages
         self.assistant: dict | None = None
         self.reasoning: str | None = None
+        self.foreign = 0  # reasoning items whose encrypted_content was ignored
 
     def flush(self) -> None:
         if self.assistant is not None:
@@ -105,7 +110,8 @@ class _History:
         elif kind == "reasoning":
             if self.assistant is not None and (self.assistant["content"] or self.assistant.get("tool_calls")):
                 self.flush()
-            text = reasoning_text(item)
+            text, foreign = reasoning_text(item)
+            self.foreign += foreign
             if self.assistant is not None:
                 self.assistant["reasoning_content"] = self.assistant.get("reasoning_content", "") + text
             else:
@@ -138,6 +144,9 @@ def convert_input(body: ResponsesRequest, history: list[dict] | None = None) -> 
     if skipped:
         log.info("responses: skipping %d input item(s) of unsupported types: %s", len(skipped),
                  ", ".join(sorted(set(skipped))))
+    if builder.foreign:
+        log.info("responses: %d reasoning item(s) carry an encrypted_content of another server: "
+                 "ignored, their reasoning_text or summary used", builder.foreign)
     return messages
 
 

@@ -15,6 +15,11 @@ for reasoning ``response.content_part.added`` / ``response.reasoning_text.delta`
 ``response.completed`` (or ``response.incomplete`` when cut by ``max_output_tokens``,
 ``response.failed`` on an error). The deltas concatenate to the final object's texts.
 
+Cut by ``max_output_tokens``, streamed or not: status ``incomplete``, ``incomplete_details``
+``{"reason": "max_output_tokens"}``, the items so far; a call cut after its name is kept last,
+a ``function_call`` with status ``incomplete`` and its arguments so far
+(``ChatOutput.cut_call``), never a complete one.
+
 Usage: ``input_tokens`` = prompt tokens, ``input_tokens_details.cached_tokens`` = redlite's reused
 tokens (OpenAI counts cached tokens inside input_tokens), ``input_tokens_details.cache_write_tokens``
 = 0 (redlite keeps every prompt's state without a separate cache write; the SDK requires the
@@ -62,14 +67,18 @@ def call_item(fid: str, call_id: str, name: str, arguments: str, status: str = "
 
 
 def output_items(output: ChatOutput, encrypted: bool) -> list[dict]:
-    """The ``output`` list of a finished answer (non-streamed)."""
+    """The ``output`` list of a finished answer (non-streamed), as the stream ends it: a call
+    cut by ``max_output_tokens`` is kept last, status ``incomplete``, with its arguments so far."""
     items = []
     if output.reasoning:
         items.append(reasoning_item(item_id("rs"), output.reasoning, encrypted))
-    if output.content or not (output.reasoning or output.tool_calls):
+    if output.content or not (output.reasoning or output.tool_calls or output.cut_call):
         items.append(message_item(item_id("msg"), output.content))
     for call in output.tool_calls:
         items.append(call_item(item_id("fc"), call.id, call.name, call.arguments))
+    if output.cut_call is not None:
+        cut = output.cut_call
+        items.append(call_item(item_id("fc"), cut.id, cut.name, cut.arguments, "incomplete"))
     return items
 
 
@@ -196,7 +205,8 @@ class ResponseStream:
     def finish(self, output: ChatOutput, usage: Usage) -> tuple[list[dict], dict]:
         """Close the open item and end with ``response.completed`` / ``response.incomplete``.
         A response with no item at all gets one empty message; a call the answer dropped (cut
-        by ``max_output_tokens``) is closed ``incomplete``. Returns (events, response)."""
+        by ``max_output_tokens``: :func:`output_items` keeps it too) is closed ``incomplete``.
+        Returns (events, response)."""
         kept = {call.id for call in output.tool_calls}
         cut = self._open is not None and self._open["type"] == "function_call" \
             and self._open["call_id"] not in kept

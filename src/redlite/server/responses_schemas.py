@@ -7,17 +7,19 @@ typed by ``type`` (a message may omit it); item types the converter does not use
 (``custom_tool_call``, ``local_shell_call``, ``web_search_call`` ...) are accepted and skipped,
 and so are tools of types other than ``function``. Image, file and audio parts and
 ``item_reference`` items are refused (``unsupported_content``), and so are the fields of
-:data:`UNSUPPORTED_RESPONSES_FIELDS`.
+:data:`UNSUPPORTED_RESPONSES_FIELDS` and ``include`` values outside :data:`INCLUDABLE`.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator,
+                      model_validator)
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
+from redlite.server.reasoning_token import PREFIX as REASONING_PREFIX, decode_reasoning
 from redlite.server.schemas import Unsupported, int_in
 
 _STRICT = ConfigDict(extra="allow", strict=True)
@@ -79,13 +81,25 @@ class FunctionCallOutputItem(BaseModel):
 
 class ReasoningItem(BaseModel):
     """A replayed reasoning item: its text comes from our ``encrypted_content``, else its
-    ``reasoning_text`` content, else its summary."""
+    ``reasoning_text`` content, else its summary. An ``encrypted_content`` in redlite's format
+    (:mod:`redlite.server.reasoning_token`) that does not decode is refused (a damaged token
+    would silently drop the reasoning); any other value is another server's, which redlite
+    cannot read: the converter ignores it (logged)."""
 
     model_config = _STRICT
     type: Literal["reasoning"]
     summary: list[TextPart] = Field(default_factory=list)
     content: list[TextPart] | None = None
     encrypted_content: StrictStr | None = None
+
+    @field_validator("encrypted_content")
+    @classmethod
+    def _intact(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith(REASONING_PREFIX) and decode_reasoning(value) is None:
+            raise PydanticCustomError("reasoning_token", "not a reasoning token this server gave (it "
+                                      "starts as one but does not decode): send the item back as "
+                                      "the response gave it, or without encrypted_content")
+        return value
 
 
 class OtherItem(BaseModel):
@@ -166,6 +180,19 @@ class TextOptions(BaseModel):
     format: dict[str, Any] | None = None
 
 
+INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+              "message.input_image.image_url", "computer_call_output.output.image_url",
+              "code_interpreter_call.outputs", "reasoning.encrypted_content",
+              "message.output_text.logprobs")
+"""The values ``include`` takes (the API's ``ResponseIncludable``); any other is a 400 naming
+it. Only ``reasoning.encrypted_content`` changes the output (see
+:mod:`redlite.server.reasoning_token`); the others are accepted with no effect: they name items
+redlite never makes (tool results, images) or, ``message.output_text.logprobs``, the
+``logprobs`` lists that stay empty."""
+
+Includable = Literal[INCLUDABLE]
+
+
 UNSUPPORTED_RESPONSES_FIELDS: dict[str, Unsupported] = {
     "conversation": Unsupported((None,), "conversation (the Conversations API; continue with "
                                          "previous_response_id or send the whole input)"),
@@ -193,7 +220,7 @@ class ResponsesRequest(BaseModel):
     text: TextOptions | None = None
     store: StrictBool = True
     previous_response_id: StrictStr | None = None
-    include: list[StrictStr] | None = None
+    include: list[Includable] | None = None
     stream: StrictBool = False
     prompt_cache_key: StrictStr | None = None
     metadata: dict[str, Any] | None = None
