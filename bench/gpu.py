@@ -189,7 +189,7 @@ def decode_variants(engine, ctx, n_tokens, device):
     """Decode tokens/s at ``ctx`` with each decode-ops variant (fused Triton products or cuBLAS,
     with and without programmatic dependent launch), then back to the engine's default."""
     from redlite.engine.cuda_graphs import GraphDecoder
-    from redlite.layers.decode_ops import TritonDecodeOps
+    from redlite.layers.triton_ops import TritonDecodeOps
 
     default = engine._graph_decoder
     R["decode_variants"] = []

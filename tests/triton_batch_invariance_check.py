@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import triton_kernel_check  # noqa: E402,F401  (applies the interpreter patch)
 from hybrid_builders import randomize  # noqa: E402
 
-from redlite.layers.decode_ops import TritonDecodeOps  # noqa: E402
+from redlite.layers.triton_ops import TritonDecodeOps  # noqa: E402
 from redlite.models.batch_step import batch_decode_step  # noqa: E402
 from redlite.models.qwen3_5 import Qwen3_5Model  # noqa: E402
 

@@ -6,7 +6,7 @@ graph whose inputs are two static device tensors, the token id and its position.
 then costs two tiny fill kernels and one graph launch: no Python per layer, no launch gaps
 per kernel, and no host-device synchronisation (the caller's sampling reads the id).
 
-Spans: with :class:`~redlite.layers.decode_ops.TritonDecodeOps` (CUDA + Triton) attention
+Spans: with :class:`~redlite.layers.triton_ops.TritonDecodeOps` (CUDA + Triton) attention
 reads the key count from the position tensor, so a single graph (span = the cache size)
 serves every position. With the torch ops, attention reads ``span`` cache rows and masks
 the ones past the position, so graphs are captured lazily per bucket of :func:`bucket_spans`
