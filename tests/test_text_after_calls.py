@@ -52,3 +52,62 @@ def test_responses_replay_of_text_after_a_call_reuses_the_answer(echo, stream):
     assert second.output_text == "listed"
     held = first.usage.input_tokens + first.usage.output_tokens - 1
     assert second.usage.input_tokens_details.cached_tokens >= held, (first.usage, second.usage)
+
+
+CALL2 = "<tool_call>\n" + json.dumps({"name": "shell", "arguments": {"cmd": ["pwd"]}}) + "\n</tool_call>"
+ANSWERS = ["before " + CALL + " after", CALL + "\nafter", "a " + CALL + " b " + CALL2 + " c",
+           "<think>\nhmm\n</think>\n\nbefore " + CALL + " after", "only text", CALL]
+
+
+def anthropic_sdk(app):
+    return anthropic.Anthropic(base_url=app.url, api_key="dummy", http_client=app.client, max_retries=0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("answer", ANSWERS, ids=["text-call-text", "call-text", "text-call-text-call-text",
+                                               "think-text-call-text", "text", "call"])
+def test_non_streamed_parts_come_in_the_streamed_order(echo, answer):
+    """Non-streamed, the text after a call was joined to the text before it, ahead of the calls
+    ([message "beforeafter", function_call]), while the stream sent it after the call."""
+    client = openai_sdk(echo)
+    seen = []
+    for stream in (True, False):
+        response = respond(client, stream, input=answer, max_output_tokens=400)
+        seen.append([(item.type, item.content[0].text if item.type != "function_call" else item.arguments)
+                     for item in response.output])
+    assert seen[0] == seen[1]
+    assert [kind for kind, _ in seen[0]] == ["function_call" if p.startswith("<tool_call>") else
+                                             "reasoning" if p.startswith("<think>") else "message"
+                                             for p in _pieces(answer)]
+    client = anthropic_sdk(echo)
+    tools = [{"name": "shell", "input_schema": SCHEMA}]
+    fields = dict(model="m", max_tokens=400, messages=[{"role": "user", "content": answer}], tools=tools)
+    with client.messages.stream(**fields) as events:
+        streamed = events.get_final_message()
+    whole = client.messages.create(**fields)
+    assert [block.model_dump(exclude={"id"}) for block in whole.content] == \
+        [block.model_dump(exclude={"id"}) for block in streamed.content]
+    assert [block.type for block in whole.content] == [
+        {"function_call": "tool_use", "reasoning": "thinking", "message": "text"}[kind] for kind, _ in seen[0]]
+
+
+def _pieces(answer):
+    """The parts of a scripted answer: reasoning, calls and the text between them."""
+    pieces, rest = [], answer
+    if rest.startswith("<think>"):
+        end = rest.index("</think>") + len("</think>")
+        pieces.append(rest[:end])
+        rest = rest[end:]
+    while rest:
+        at = rest.find("<tool_call>")
+        if at < 0:
+            at = len(rest)
+        if rest[:at].strip():
+            pieces.append(rest[:at].strip())
+        if at < len(rest):
+            end = rest.index("</tool_call>") + len("</tool_call>")
+            pieces.append(rest[at:end])
+            rest = rest[end:]
+        else:
+            rest = ""
+    return pieces

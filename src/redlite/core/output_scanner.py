@@ -136,10 +136,7 @@ class OutputScanner:
             self._ws = ""
             self._seen_text = self._text_after_call = True
             events.append(OutputEvent(kind, piece))
-            if kind == "content":
-                self.output.content += piece
-            else:
-                self.output.reasoning += piece
+            self.output.add_text(kind, piece)
         self._ws += text[len(body):]
 
     def _lex(self, text: str, events: list[OutputEvent]) -> None:
@@ -203,7 +200,7 @@ class OutputScanner:
                 continue
             delta = event.value
             if delta.name is not None:
-                self.output.tool_calls.append(ToolCall(delta.id, delta.name, ""))
+                self.output.add_call(ToolCall(delta.id, delta.name, ""))
             else:
                 self.output.tool_calls[delta.index].arguments += delta.arguments
             events.append(event)
@@ -283,10 +280,10 @@ class OutputScanner:
         if self._ws and self._mode == "content" and not self.output.tool_calls:
             self._seen_text = True
             events.append(OutputEvent("content", self._ws))
-            self.output.content += self._ws
+            self.output.add_text("content", self._ws)
         self._ws = ""
         cut = self.output.dropped_calls > dropped or self._text_after_call
-        self.output.tool_calls = [c for c in self.output.tool_calls if c.name]
+        self.output.remove_dropped_calls()
         if self.output.tool_calls and (reason == "stop" or (reason == "length" and not cut)):
             reason = "tool_calls"
         self.output.finish_reason = reason
