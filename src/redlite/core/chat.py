@@ -131,7 +131,8 @@ class ChatOutput:
     with its arguments so far (what was streamed), else None; never a call to run.
     parts: the answer in generation order (text after a call is a part after it; adjacent text
     of one kind is one part); the content parts concatenate to ``content``, the reasoning parts
-    to ``reasoning``, and the calls are ``tool_calls``. See :meth:`ordered_parts`."""
+    to ``reasoning``, and the calls are ``tool_calls``. See :meth:`ordered_parts`.
+    context_full: finish ``length`` came from the context being full, not from ``max_tokens``."""
 
     content: str = ""
     reasoning: str = ""
@@ -141,6 +142,7 @@ class ChatOutput:
     dropped_calls: int = 0
     cut_call: ToolCall | None = None
     parts: list[OutputPart] = field(default_factory=list)
+    context_full: bool = False
 
     def add_text(self, kind: str, piece: str) -> None:
         """Append a piece of ``content`` or ``reasoning`` text (to its field and its part)."""

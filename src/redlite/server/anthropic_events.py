@@ -42,11 +42,12 @@ def usage_object(usage: Usage) -> dict:
 
 
 def stop_reason_of(output: ChatOutput) -> str:
-    """``tool_use``, ``max_tokens``, ``stop_sequence`` or ``end_turn``."""
+    """``tool_use``, ``max_tokens``, ``model_context_window_exceeded`` (cut by the full context
+    before ``max_tokens``), ``stop_sequence`` or ``end_turn``."""
     if output.tool_calls and output.finish_reason != "length":
         return "tool_use"
     if output.finish_reason == "length":
-        return "max_tokens"
+        return "model_context_window_exceeded" if output.context_full else "max_tokens"
     if output.stop_sequence is not None:
         return "stop_sequence"
     return "end_turn"
