@@ -284,3 +284,16 @@ def test_dropped_calls_are_counted():
     broken = '<tool_call>\n{"name": "read", "arguments": {"path": a.py}}\n</tool_call>'
     assert check(broken + "\n" + whole, HERMES, all_calls_valid=False).dropped_calls == 1
     assert check("<tool_call>\nnot json at all\n</tool_call> done", HERMES).dropped_calls == 0  # text
+
+
+def test_a_body_that_is_no_call_keeps_the_whitespace_before_its_opener():
+    """Whitespace before ``<tool_call>`` is markup only when a call follows: text that merely
+    mentions the tag lost it ("See<tool_call>..." for "See <tool_call>...")."""
+    for text in ("See <tool_call>not json</tool_call> here", 'hi\n<tool_call>\n{"x": 1}\n</tool_call>\nbye',
+                 "<think>\nhm\n</think>\n\nUse the <tool_call> tag."):
+        assert check(text, HERMES).content == text.split("</think>\n\n")[-1]
+    assert check("hi <tool_call>", HERMES).content == "hi <tool_call>"
+    out = check('hi \n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', HERMES)
+    assert out.content == "hi" and calls(out) == [("f", {})]
+    out = check("<think>\nI could write <tool_call> here\n</think>\n\nok", HERMES)
+    assert out.reasoning == "I could write" and out.content.startswith("<tool_call>")

@@ -112,13 +112,27 @@ class ToolCallDelta:
 
 
 @dataclass
+class OutputPart:
+    """One block of an answer: ``content`` or ``reasoning`` text, or a ``tool_call`` (``call``:
+    the very :class:`ToolCall` of ``ChatOutput.tool_calls``)."""
+
+    kind: Literal["content", "reasoning", "tool_call"]
+    text: str = ""
+    call: ToolCall | None = None
+
+
+@dataclass
 class ChatOutput:
     """The whole parsed answer (non-streamed view). finish_reason: ``stop``, ``length``,
     ``tool_calls``, ``stop_sequence`` is reported as ``stop`` with ``stop_sequence`` set.
     dropped_calls: calls the scanner dropped (malformed, or cut by ``max_tokens``): their text
     was generated but is in neither ``content`` nor ``tool_calls``.
     cut_call: the call ``max_tokens`` cut after its name was streamed (one of ``dropped_calls``),
-    with its arguments so far (what was streamed), else None; never a call to run."""
+    with its arguments so far (what was streamed), else None; never a call to run.
+    parts: the answer in generation order (text after a call is a part after it; adjacent text
+    of one kind is one part); the content parts concatenate to ``content``, the reasoning parts
+    to ``reasoning``, and the calls are ``tool_calls``. See :meth:`ordered_parts`.
+    context_full: finish ``length`` came from the context being full, not from ``max_tokens``."""
 
     content: str = ""
     reasoning: str = ""
@@ -127,3 +141,42 @@ class ChatOutput:
     stop_sequence: str | None = None
     dropped_calls: int = 0
     cut_call: ToolCall | None = None
+    parts: list[OutputPart] = field(default_factory=list)
+    context_full: bool = False
+
+    def add_text(self, kind: str, piece: str) -> None:
+        """Append a piece of ``content`` or ``reasoning`` text (to its field and its part)."""
+        if kind == "content":
+            self.content += piece
+        else:
+            self.reasoning += piece
+        if self.parts and self.parts[-1].kind == kind:
+            self.parts[-1].text += piece
+        else:
+            self.parts.append(OutputPart(kind, piece))
+
+    def add_call(self, call: ToolCall) -> None:
+        """Append a call (its arguments may still grow)."""
+        self.tool_calls.append(call)
+        self.parts.append(OutputPart("tool_call", call=call))
+
+    def remove_dropped_calls(self) -> None:
+        """Remove the calls whose name was cleared (dropped); the text around them joins."""
+        self.tool_calls = [call for call in self.tool_calls if call.name]
+        kept: list[OutputPart] = []
+        for part in self.parts:
+            if part.kind == "tool_call" and not part.call.name:
+                continue
+            if kept and part.kind != "tool_call" and kept[-1].kind == part.kind:
+                kept[-1] = OutputPart(part.kind, kept[-1].text + part.text)
+            else:
+                kept.append(part)
+        self.parts = kept
+
+    def ordered_parts(self) -> list[OutputPart]:
+        """``parts``; an output built without them reads as reasoning, content, then the calls."""
+        if self.parts:
+            return self.parts
+        parts = [OutputPart(kind, text) for kind, text in
+                 (("reasoning", self.reasoning), ("content", self.content)) if text]
+        return parts + [OutputPart("tool_call", call=call) for call in self.tool_calls]

@@ -418,6 +418,7 @@ class Generator:
             if stopped:
                 finish = "stop"
         events, output = scanner.finish(finish)
+        output.context_full = finish == "length" and (max_tokens is None or generated < max_tokens)
         yield from events
         elapsed = self._clock() - decode_started
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0

@@ -17,7 +17,7 @@ the end a :class:`ChatOutput`. It works like a lexer over the text:
 
 Whitespace at segment boundaries is markup (what chat templates re-render): reasoning loses its
 leading and trailing whitespace, content loses whitespace right after ``</think>`` or a call
-and right before a call opener.
+and right before a call (an opener that begins no call is text, with its whitespace).
 
 Equality of streaming and non-streaming: the final output is built from the very events that
 were emitted, so the pieces of each kind concatenate exactly to it, whatever the chunking. The
@@ -84,6 +84,7 @@ class OutputScanner:
         self._mode = "reasoning" if self.options.reasoning and self.options.start_in_reasoning else "content"
         self._pending = ""
         self._ws = ""            # trailing whitespace held in content / reasoning
+        self._ws_before_opener = ""  # whitespace before a call opener: text if no call follows
         self._skip_ws = self._mode == "reasoning"
         self._seen_text = False  # any non-whitespace content or reasoning so far
         self._call = None
@@ -136,10 +137,7 @@ class OutputScanner:
             self._ws = ""
             self._seen_text = self._text_after_call = True
             events.append(OutputEvent(kind, piece))
-            if kind == "content":
-                self.output.content += piece
-            else:
-                self.output.reasoning += piece
+            self.output.add_text(kind, piece)
         self._ws += text[len(body):]
 
     def _lex(self, text: str, events: list[OutputEvent]) -> None:
@@ -176,7 +174,9 @@ class OutputScanner:
                 return
             at, marker = min(found)
             self._emit(self._mode, buf[:at], events)
-            self._ws = ""  # whitespace before a marker is markup
+            # markup if a call follows (content's only: a call ends reasoning)
+            self._ws_before_opener = self._ws if self._mode == "content" else ""
+            self._ws = ""
             rest = buf[at + len(marker):]
             if marker == THINK_OPEN:
                 self._mode, self._skip_ws, self._pending = "reasoning", True, rest
@@ -198,12 +198,14 @@ class OutputScanner:
 
     def _add(self, new: list[OutputEvent], events: list[OutputEvent]) -> None:
         for event in new:
-            if event.kind == "content":
+            if event.kind == "content":  # the opener began no call: it and its whitespace are text
+                self._ws, self._ws_before_opener = self._ws_before_opener + self._ws, ""
                 self._emit("content", event.value, events)
                 continue
             delta = event.value
+            self._ws_before_opener = ""
             if delta.name is not None:
-                self.output.tool_calls.append(ToolCall(delta.id, delta.name, ""))
+                self.output.add_call(ToolCall(delta.id, delta.name, ""))
             else:
                 self.output.tool_calls[delta.index].arguments += delta.arguments
             events.append(event)
@@ -283,10 +285,10 @@ class OutputScanner:
         if self._ws and self._mode == "content" and not self.output.tool_calls:
             self._seen_text = True
             events.append(OutputEvent("content", self._ws))
-            self.output.content += self._ws
+            self.output.add_text("content", self._ws)
         self._ws = ""
         cut = self.output.dropped_calls > dropped or self._text_after_call
-        self.output.tool_calls = [c for c in self.output.tool_calls if c.name]
+        self.output.remove_dropped_calls()
         if self.output.tool_calls and (reason == "stop" or (reason == "length" and not cut)):
             reason = "tool_calls"
         self.output.finish_reason = reason

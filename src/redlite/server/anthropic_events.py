@@ -1,7 +1,8 @@
 """Anthropic Messages response objects and stream events from a generation's output (pure).
 
 Non-streamed: :func:`message_body` builds ``{"id", "type": "message", "role": "assistant",
-"model", "content": [thinking?, text?, tool_use*], "stop_reason", "stop_sequence", "usage"}``.
+"model", "content": [thinking?, text?, tool_use*, ...], "stop_reason", "stop_sequence", "usage"}``
+(blocks in generation order: text after a call follows it).
 
 Streamed: :class:`MessageStream` turns the :class:`~redlite.core.chat.OutputEvent` sequence into
 Anthropic's events, in Anthropic's order: ``message_start``; per content block
@@ -41,29 +42,33 @@ def usage_object(usage: Usage) -> dict:
 
 
 def stop_reason_of(output: ChatOutput) -> str:
-    """``tool_use``, ``max_tokens``, ``stop_sequence`` or ``end_turn``."""
+    """``tool_use``, ``max_tokens``, ``model_context_window_exceeded`` (cut by the full context
+    before ``max_tokens``), ``stop_sequence`` or ``end_turn``."""
     if output.tool_calls and output.finish_reason != "length":
         return "tool_use"
     if output.finish_reason == "length":
-        return "max_tokens"
+        return "model_context_window_exceeded" if output.context_full else "max_tokens"
     if output.stop_sequence is not None:
         return "stop_sequence"
     return "end_turn"
 
 
 def content_blocks(output: ChatOutput) -> list[dict]:
-    """The ``content`` list: thinking (if any), text (if any), then one tool_use per call; an
-    empty answer is ``[]``, as Anthropic's API returns it (an empty text block would be refused
-    when the client sends the message back)."""
+    """The ``content`` list, one block per part of the answer in generation order (thinking,
+    text, tool_use; text after a call is a block after it, as the stream sends it); an empty
+    answer is ``[]``, as Anthropic's API returns it (an empty text block would be refused when
+    the client sends the message back)."""
     blocks: list[dict] = []
-    if output.reasoning:
-        blocks.append({"type": "thinking", "thinking": output.reasoning,
-                       "signature": thinking_signature(output.reasoning)})
-    if output.content:
-        blocks.append({"type": "text", "text": output.content})
-    for call in output.tool_calls:
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
-                       "input": arguments_object(call.arguments)})
+    for part in output.ordered_parts():
+        if part.kind == "reasoning":
+            blocks.append({"type": "thinking", "thinking": part.text,
+                           "signature": thinking_signature(part.text)})
+        elif part.kind == "content":
+            blocks.append({"type": "text", "text": part.text})
+        else:
+            call = part.call
+            blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
+                           "input": arguments_object(call.arguments)})
     return blocks
 
 

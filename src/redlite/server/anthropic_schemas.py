@@ -12,14 +12,14 @@ validation error of type ``unsupported_content`` naming the block).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from redlite.core.stop import MAX_STOP_SEQUENCES
-from redlite.server.schemas import StopText, int_in
+from redlite.server.schemas import StopText, Unsupported, int_in
 
 _STRICT = ConfigDict(extra="allow", strict=True)
 
@@ -167,9 +167,20 @@ class CountTokensRequest(BaseModel):
     output_format: OutputFormat | None = None  # the structured-outputs beta's spelling
 
 
+UNSUPPORTED_MESSAGES_FIELDS: dict[str, Unsupported] = {
+    "thread": Unsupported((None,), "thread (message threads: send the whole conversation each turn)",
+                          {"error_code": "thread_unsupported_request", "unsupported": ["thread"]}),
+}
+"""Messages fields not implemented. ``thread`` (the message-threads beta) continues a conversation
+the server would hold, sending only the new messages without ``system`` and ``tools``: ignoring
+it would answer another conversation, so it is refused with the rejection on which the SDK's
+threads (its tool runner's by default) go on unthreaded, sending the whole conversation."""
+
+
 class MessagesRequest(CountTokensRequest):
     """Body of ``POST /v1/messages``; ``max_tokens`` is required, as in Anthropic's API."""
 
+    unsupported_fields: ClassVar[dict[str, Unsupported]] = UNSUPPORTED_MESSAGES_FIELDS
     max_tokens: int_in(ge=1)
     stop_sequences: Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)

@@ -240,8 +240,9 @@ def _validate(raw: bytes, model: type[BaseModel]) -> Any:
                        param) from None
     unsupported = unsupported_field(parsed)
     if unsupported is not None:
-        name, what = unsupported
-        raise APIError(400, f"{what} is not supported by this server", name, "unsupported_field")
+        name, entry = unsupported
+        raise APIError(400, f"{entry.what} is not supported by this server", name,
+                       "unsupported_field", details=entry.details)
     return parsed
 
 

@@ -6,7 +6,8 @@ The shape depends on the surface the request came in through, chosen by path pre
 * ``openai`` (the default): ``{"error": {"message", "type", "param", "code", "request_id"}}``
   as in the OpenAI API reference;
 * ``anthropic`` (``/v1/messages...``): ``{"type": "error", "error": {"type", "message"},
-  "request_id"}`` as in Anthropic's Messages API ("Errors" page).
+  "request_id"}`` as in Anthropic's Messages API ("Errors" page), with ``error.details`` when
+  the error has details (what the client SDK reads to adapt, e.g. ``error_code``).
 
 Every error carries the request id (also sent as the ``x-request-id`` header) so a client can
 quote it and the operator find the log lines: messages are short and never carry paths or
@@ -34,7 +35,7 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 
 
 def _openai_body(status: int, message: str, param: str | None, code: str | None,
-                 request_id: str | None) -> dict:
+                 request_id: str | None, details: dict | None = None) -> dict:
     error = {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"),
              "param": param, "code": code}
     if request_id is not None:
@@ -43,18 +44,20 @@ def _openai_body(status: int, message: str, param: str | None, code: str | None,
 
 
 def _anthropic_body(status: int, message: str, param: str | None, code: str | None,
-                    request_id: str | None) -> dict:
+                    request_id: str | None, details: dict | None = None) -> dict:
     body: dict = {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"),
                                              "message": message}}
+    if details is not None:
+        body["error"]["details"] = details
     if request_id is not None:
         body["request_id"] = request_id
     return body
 
 
-Renderer = Callable[[int, str, "str | None", "str | None", "str | None"], dict]
+Renderer = Callable[[int, str, "str | None", "str | None", "str | None", "dict | None"], dict]
 
 SURFACES: dict[str, Renderer] = {"openai": _openai_body, "anthropic": _anthropic_body}
-"""surface name -> body renderer ``(status, message, param, code, request_id) -> dict``."""
+"""surface name -> body renderer ``(status, message, param, code, request_id, details) -> dict``."""
 
 SURFACE_PREFIXES: list[tuple[str, str]] = [("/v1/messages", "anthropic")]
 """(path prefix, surface) pairs, first match wins; other paths are ``openai``."""
@@ -73,21 +76,23 @@ class APIError(Exception):
 
     message: short, meant for the client (no paths, no exception text); param: the offending
     request field (dotted path) or None; code: a machine-readable code or None; headers: extra
-    response headers (``Retry-After``, ``Allow``...)."""
+    response headers (``Retry-After``, ``Allow``...); details: the Anthropic body's
+    ``error.details`` (the OpenAI shape has no such field)."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 details: dict | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers
+        self.headers, self.details = headers, details
 
     def body(self, surface: str = "openai", request_id: str | None = None) -> dict:
         return error_body(self.status, self.message, self.param, self.code,
-                          surface=surface, request_id=request_id)
+                          surface=surface, request_id=request_id, details=self.details)
 
     def response(self, surface: str = "openai", request_id: str | None = None) -> JSONResponse:
         return error_response(self.status, self.message, self.param, self.code, self.headers,
-                              surface=surface, request_id=request_id)
+                              surface=surface, request_id=request_id, details=self.details)
 
 
 def prompt_too_long(tokens: int, context: int, param: str, at_least: bool = False) -> APIError:
@@ -104,20 +109,23 @@ def prompt_too_long(tokens: int, context: int, param: str, at_least: bool = Fals
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None,
-               *, surface: str = "openai", request_id: str | None = None) -> dict:
+               *, surface: str = "openai", request_id: str | None = None,
+               details: dict | None = None) -> dict:
     """The error object of ``surface`` for ``status`` (HTTP status code)."""
-    return SURFACES[surface](status, message, param, code, request_id)
+    return SURFACES[surface](status, message, param, code, request_id, details)
 
 
 def error_response(status: int, message: str, param: str | None = None,
                    code: str | None = None, headers: dict[str, str] | None = None, *,
-                   surface: str = "openai", request_id: str | None = None) -> JSONResponse:
+                   surface: str = "openai", request_id: str | None = None,
+                   details: dict | None = None) -> JSONResponse:
     """A JSONResponse with ``status``, the surface's error object and ``x-request-id``."""
     headers = dict(headers or {})
     if request_id is not None:
         headers["x-request-id"] = request_id
     return JSONResponse(error_body(status, message, param, code, surface=surface,
-                                   request_id=request_id), status_code=status, headers=headers)
+                                   request_id=request_id, details=details),
+                        status_code=status, headers=headers)
 
 
 async def send_error(send, scope, status: int, message: str, param: str | None = None,

@@ -17,7 +17,9 @@ History (OpenAI-shaped, see :mod:`redlite.core.chat`), in this order:
      ``encrypted_content`` of another server (not in our format: a damaged one of ours is
      refused by the request model) is ignored, with one log line per request;
    * ``function_call``: a ``tool_calls`` entry (``id`` = ``call_id``) of the current assistant
-     message (consecutive assistant items merge into one message, as the model produced them);
+     message (consecutive assistant items merge into one message, as the model produced them:
+     the text of a message item after a call is appended to the message's content, as one
+     answer's content is the concatenation of its text pieces, wherever its calls fall);
    * ``function_call_output``: a ``tool`` message (``tool_call_id`` = ``call_id``);
    * other item types (``item_reference``, ``custom_tool_call``, ``local_shell_call``,
      ``web_search_call`` ...) are skipped with one log line per request.
@@ -100,8 +102,6 @@ class _History:
             role = _ROLES[item.role]
             text = _parts_text(item.content)
             if role == "assistant":
-                if self.assistant is not None and self.assistant.get("tool_calls"):
-                    self.flush()
                 message = self.open_assistant()
                 message["content"] = (message["content"] or "") + text
             else:

@@ -67,15 +67,20 @@ def call_item(fid: str, call_id: str, name: str, arguments: str, status: str = "
 
 
 def output_items(output: ChatOutput, encrypted: bool) -> list[dict]:
-    """The ``output`` list of a finished answer (non-streamed), as the stream ends it: a call
-    cut by ``max_output_tokens`` is kept last, status ``incomplete``, with its arguments so far."""
+    """The ``output`` list of a finished answer (non-streamed), as the stream ends it: one item
+    per part of the answer in generation order (a message after a call follows it); no part at
+    all is one empty message; a call cut by ``max_output_tokens`` is kept last, status
+    ``incomplete``, with its arguments so far."""
     items = []
-    if output.reasoning:
-        items.append(reasoning_item(item_id("rs"), output.reasoning, encrypted))
-    if output.content or not (output.reasoning or output.tool_calls or output.cut_call):
-        items.append(message_item(item_id("msg"), output.content))
-    for call in output.tool_calls:
-        items.append(call_item(item_id("fc"), call.id, call.name, call.arguments))
+    for part in output.ordered_parts():
+        if part.kind == "reasoning":
+            items.append(reasoning_item(item_id("rs"), part.text, encrypted))
+        elif part.kind == "content":
+            items.append(message_item(item_id("msg"), part.text))
+        else:
+            items.append(call_item(item_id("fc"), part.call.id, part.call.name, part.call.arguments))
+    if not items and output.cut_call is None:
+        items.append(message_item(item_id("msg"), ""))
     if output.cut_call is not None:
         cut = output.cut_call
         items.append(call_item(item_id("fc"), cut.id, cut.name, cut.arguments, "incomplete"))

@@ -49,10 +49,12 @@ def int_in(ge: int | None = None, le: int | None = None) -> Any:
 class Unsupported:
     """A standard field the server does not implement. off: the values that mean "feature not
     used" (JSON values; compared as JSON compares them: ``1 == 1.0``, ``false != 0``);
-    what: how the 400 names the feature."""
+    what: how the 400 names the feature; details: the Anthropic error's ``details`` (what the
+    client SDK reads to go on without the feature), None: none."""
 
     off: tuple
     what: str
+    details: dict | None = None
 
 
 UNSUPPORTED_FIELDS: dict[str, Unsupported] = {
@@ -79,8 +81,8 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def unsupported_field(body: BaseModel) -> tuple[str, str] | None:
-    """(field, feature) of the first field of ``body`` in its model's ``unsupported_fields``
+def unsupported_field(body: BaseModel) -> tuple[str, Unsupported] | None:
+    """(field, its table entry) of the first field of ``body`` in its model's ``unsupported_fields``
     table (:data:`UNSUPPORTED_FIELDS` for the chat/completions bodies; none: no such field)
     set to a value other than its "off" values, or None."""
     extra = body.model_extra or {}
@@ -92,7 +94,7 @@ def unsupported_field(body: BaseModel) -> tuple[str, str] | None:
         else:
             continue
         if not any(json_equal(value, off) for off in entry.off):
-            return name, entry.what
+            return name, entry
     return None
 
 
