@@ -12,8 +12,10 @@ work that also runs, unchanged, in front of an H200.
 
 Per family and held size: one new conversation (prefilled in 512-token chunks, a checkpoint
 at every message boundary of the hybrid), then ``--reps`` regenerates (greedy, ``max_tokens``
-8). Every stage is timed with ``time.perf_counter_ns`` through wrappers installed here (the
-library code is unchanged); medians after the first ``--skip`` rounds, microseconds:
+8). Every stage is timed through wrappers installed here (the library code is unchanged), in
+the thread's CPU time (``--clock cpu``, the default: other load on the machine does not count)
+or wall time (``--clock wall``); the generator's TTFT on the same clock. Medians after the
+first ``--skip`` rounds, microseconds:
 
 * select: the candidate step (:meth:`Conversations.select`; parks the old answer's tail);
 * park_live: that park's copy and bookkeeping, inside select;
@@ -89,7 +91,8 @@ def build(family: str, layers: int, ctx: int) -> TorchEngine:
 class Stamps:
     """Wrappers around the stages and engine calls; durations (ns) per label of this round."""
 
-    def __init__(self, profile: cProfile.Profile | None = None) -> None:
+    def __init__(self, clock, profile: cProfile.Profile | None = None) -> None:
+        self.clock = clock  # ns
         self.round: dict[str, int] = {}
         self.undo: list = []
         self.profile = profile  # enabled inside the outer stages of a timed round
@@ -103,11 +106,11 @@ class Stamps:
             on = profiled and stamps.profile is not None and stamps.timed_round
             if on:
                 stamps.profile.enable()
-            t0 = time.perf_counter_ns()
+            t0 = stamps.clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                stamps.round[label] = stamps.round.get(label, 0) + time.perf_counter_ns() - t0
+                stamps.round[label] = stamps.round.get(label, 0) + stamps.clock() - t0
                 if on:
                     stamps.profile.disable()
         setattr(owner, name, timed)
@@ -143,7 +146,8 @@ def conversation(held: int, seed: int) -> tuple[list[int], list[int], list]:
 def run_case(family: str, held: int, args, profile: cProfile.Profile | None) -> dict:
     engine = build(family, args.layers, held + 256)
     tok = ByteTokenizer()
-    gen = Generator(engine, tok, GeneratorSettings())
+    cpu = args.clock == "cpu"
+    gen = Generator(engine, tok, GeneratorSettings(), clock=time.thread_time if cpu else time.perf_counter)
     gen.parking = Conversations(ParkingPool(2048 << 20, 8, device_budget_bytes=4096 << 20), None)
     store = ReplayStore()
     gen.parking.attach_replay(store)
@@ -153,7 +157,7 @@ def run_case(family: str, held: int, args, profile: cProfile.Profile | None) -> 
         return GenerationRequest(list(prompt), max_tokens=8, sampling=SamplingParams(temperature=0.0),
                                  message_ends=list(ends), request_id=f"r{i}", message_info=list(info))
 
-    stamps = Stamps(profile)
+    stamps = Stamps(time.thread_time_ns if cpu else time.perf_counter_ns, profile)
     for label, owner, name in STAGES:
         stamps.wrap(owner, name, label, profiled=label != "park_live")
     for name in ENGINE_CALLS:
@@ -188,6 +192,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--reps", type=int, default=300)
     parser.add_argument("--skip", type=int, default=20, help="first regenerates left out")
+    parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N functions")
     parser.add_argument("--out", default=None)
     parser.add_argument("--tag", default="cpu")
@@ -210,7 +215,7 @@ def main() -> None:
                                 cwd=ROOT).stdout.strip()
         command = "PYTHONPATH=src python bench/fork_host.py " + " ".join(sys.argv[1:])
         stem = Path(args.out) / f"fork-host-{date}-{args.tag}"
-        meta = {"command": command, "date": date, "commit": commit, "machine": platform.machine(),
+        meta = {"command": command, "date": date, "commit": commit, "clock": args.clock, "machine": platform.machine(),
                 "python": platform.python_version(), "torch": torch.__version__}
         stem.with_suffix(".json").write_text(json.dumps({**meta, "cases": cases}, indent=1) + "\n")
         stem.with_suffix(".md").write_text(
