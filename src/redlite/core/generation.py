@@ -338,6 +338,10 @@ class Generator:
         return plan, planned, logits, complete
 
     def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
+        """One choice: the candidate step, then :meth:`_answer`. The host work the candidate step
+        leaves (``parking.settle``: a parked tail's bookkeeping, block hashes) runs once the
+        first token is out and held (the device computing the next one meanwhile), else before
+        the choice's result, else when it stops (cancelled, failed, closed): not in the TTFT."""
         started = self._clock()
         if self.parking is not None and self.settings.reuse and index == 0:
             adopt_held_spelling(self, request)  # the live state's spelling first, then selection
@@ -345,16 +349,28 @@ class Generator:
                 # candidate selection: the live state or a parked conversation (never raises)
                 self.parking.select(self, request.prompt_ids, request.request_id, request.session_key)
         selected = self._clock()
-        try:
-            plan, planned, logits, complete = self._plan_and_execute(request, index)
-        finally:  # host work left from the candidate step, while the device runs the prefill
-            if self.parking is not None:
+        pending = [self.parking is not None]
+
+        def settle() -> None:
+            if pending[0]:
+                pending[0] = False
                 self.parking.settle(self)
+        try:
+            yield from self._answer(request, index, started, selected, settle)
+        finally:
+            settle()
+
+    def _answer(self, request: GenerationRequest, index: int, started: float, selected: float,
+                settle: Callable[[], None]) -> Iterator[str | TokenLogprob | GenerationResult]:
+        """Plan, execute and generate one choice (see :meth:`run`); ``settle()`` is called
+        once the first token is held and before the result (it does its work once)."""
+        plan, planned, logits, complete = self._plan_and_execute(request, index)
         prompt = request.prompt_ids
         ttft_ms = (self._clock() - started) * 1000.0
         if not complete:
             log.info("%s generated 0 tok, finish cancelled, held %d tok", request.request_id,
                      len(self.held_ids))
+            settle()
             self.sequence.touch()
             yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan,
                                    prefilled_tokens=max(0, len(self.held_ids) - plan.keep))
@@ -410,8 +426,10 @@ class Generator:
             loop.keep(token)  # the held ids and the engine state change together here
             self.held_ids.append(token)
             self.failed = False
+            settle()
         else:
             finish = "cancelled"
+        settle()
         if not scanner.stopped:
             events, stopped = scanner.push(decoder.flush())
             yield from events
