@@ -79,9 +79,9 @@ class Parker:
         self.lineage.release_live(gen, keep)
 
     def settle(self, gen: "Generator") -> None:
-        """Called once ``gen``'s prefill is queued (or its request failed before): the host
-        work left from its candidate step, done while a GPU computes instead of before the
-        prefill starts. The deferred bookkeeping of a parked tail (``park_live(defer=True)``:
+        """Called once ``gen``'s first token is out and held (else before its result, or when
+        it stops early: :meth:`Generator._run_choice`): the host work left from its candidate
+        step, done while a GPU computes the next token instead of before the first one. The deferred bookkeeping of a parked tail (``park_live(defer=True)``:
         admission, evictions, the pool's index, the log line), then the prefix index's hashes
         of the held ids' full blocks (kept by the sequence; else the next request's candidate
         step would hash a new conversation whole). Never raises (logged)."""
