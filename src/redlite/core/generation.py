@@ -197,7 +197,8 @@ class Generator:
         if memo is not None and memo[0] is held and memo[1] == len(held) \
                 and memo[2] is prompt_ids and memo[3] == len(prompt_ids):
             return memo[4]
-        return self.know_common(prompt_ids, common_prefix_length(held, prompt_ids))
+        known = self.sequence.known_common(prompt_ids)  # the same prompt list again: held already
+        return self.know_common(prompt_ids, common_prefix_length(held, prompt_ids, start=known))
 
     def know_common(self, prompt_ids: list[int], common: int) -> int:
         """Remember ``common``, the caller's common prefix of the held ids and ``prompt_ids``
@@ -232,6 +233,7 @@ class Generator:
             self._answer_start = None  # the cut dropped the last answer (a cancelled prefill keeps none)
         self.failed = False
         if plan.keep == len(prompt):
+            self.sequence.note_prompt(prompt)
             return logits, True
         preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info])
         if engine.can_rewind or self.settings.checkpoint_bytes <= 0:
@@ -261,6 +263,7 @@ class Generator:
                     self.checkpoints.add(checkpoint, pinned=end == preamble)
         if len(ends) > 1 or not engine.can_rewind:
             log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
+        self.sequence.note_prompt(prompt)
         return logits, True
 
     def _min_piece(self) -> int:
