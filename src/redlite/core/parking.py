@@ -123,8 +123,8 @@ def usable_prefix(held_len: int, common: int, prompt_len: int, can_rewind: bool,
         return held_len
     if can_rewind:
         return min(common, prompt_len - 1)
-    usable = [p for p in checkpoint_positions if 0 < p <= min(common, prompt_len)]
-    return max(usable, default=0)
+    bound = min(common, prompt_len)
+    return max((p for p in checkpoint_positions if 0 < p <= bound), default=0)
 
 
 @dataclass(frozen=True)
