@@ -127,6 +127,11 @@ def usable_prefix(held_len: int, common: int, prompt_len: int, can_rewind: bool,
     return max((p for p in checkpoint_positions if 0 < p <= bound), default=0)
 
 
+def longest_usable(prompt_len: int, can_rewind: bool) -> int:
+    """The longest :func:`usable_prefix` any state can have for a prompt of ``prompt_len``."""
+    return prompt_len - 1 if can_rewind else prompt_len
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A state a request could start from. key: ``LIVE``, a parked entry's key, or another
@@ -297,7 +302,7 @@ def candidates_from_index(index: PrefixIndex, entries: dict, prompt: Sequence[in
     known: leading chain hashes of ``prompt`` (:meth:`PrefixIndex.lookup`)."""
     found: list[Candidate] = []
     best = best_so_far
-    most = len(prompt) - 1 if can_rewind else len(prompt)  # no usable prefix is longer
+    most = longest_usable(len(prompt), can_rewind)
     for group in index.lookup(prompt, known):
         reach = min(group.bound - 1, most)
         if reach < best or reach <= best_so_far:
