@@ -302,7 +302,7 @@ ROWS = [("ttft", "client TTFT (sent -> first token's chunk)"), ("engine", "engin
         ("job.plan", "  reuse plans"), ("job.select", "  candidate selection (placement)"),
         ("select_cpu", "candidate selection, thread CPU time"),
         ("execute", "execute (park + rewind + prefill)"), ("execute.park", "  parking the cut tail"),
-        ("settle", "parking bookkeeping after the prefill is queued"),
+        ("settle", "parking bookkeeping (Parker.settle: once the first token is held, after the TTFT)"),
         ("execute_to_token", "first token sampled"), ("token_to_sse", "token -> its SSE chunk written"),
         ("sse_to_client", "SSE chunk -> client"), ("record_turn", "replay record (after the answer)")]
 

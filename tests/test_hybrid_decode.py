@@ -129,3 +129,37 @@ def test_checkpoint_restores_through_flat_and_per_tensor_copies():
             assert state.n_past == 20
             for name, t in state._recurrent_targets().items():
                 assert torch.equal(t, saved[name]), name
+
+
+def test_payload_of_another_layout_is_refused_and_views_follow_the_flats():
+    """import_recurrent skips the tensor-by-tensor check only for a payload of a state of the
+    same layout: another model's payload (other shapes, other layers) is refused, the state
+    unchanged. The per-layer views are views of the flat tensors, by one unbind for equal
+    shapes or by slices for unequal ones, in layer order."""
+    from redlite.engine.base import EngineError
+    from redlite.models.qwen3_5_state import _views
+
+    model = make_model()
+    state = model.new_state(64, "cpu", torch.float32)
+    with torch.inference_mode():
+        model(torch.tensor(ids(20)), state)
+    saved = {name: t.clone() for name, t in state._recurrent_targets().items()}
+    narrow = randomize(Qwen3_5Model({**CONFIG, "linear_num_value_heads": 2}))
+    moved = randomize(Qwen3_5Model({**CONFIG, "layer_types": [L, L, F, L]}))
+    for other in (narrow, moved):
+        payload = other.new_state(64, "cpu", torch.float32).export_recurrent()
+        with pytest.raises(EngineError):
+            state.import_recurrent(payload, 20)
+        assert state.n_past == 20
+        assert all(torch.equal(t, saved[name]) for name, t in state._recurrent_targets().items())
+    same = make_model(seed=1).new_state(64, "cpu", torch.float32).export_recurrent()
+    state.import_recurrent(same, 0)  # another model of this layout: its zero state
+    assert all(not t.any() for t in state._recurrent_targets().values())
+
+    flats = (torch.arange(12.0), torch.arange(8.0))
+    conv, recurrent = _views(flats, {3: ((2, 2), (2, 2)), 5: ((4, 2), (2, 2))})
+    assert [t.tolist() for t in conv.values()] == [[[0, 1], [2, 3]], [[4, 5], [6, 7], [8, 9], [10, 11]]]
+    assert list(recurrent) == [3, 5] and recurrent[5].tolist() == [[4, 5], [6, 7]]
+    recurrent[3].add_(100)
+    conv[5].zero_()
+    assert flats[1][:4].tolist() == [100, 101, 102, 103] and not flats[0][4:].any()

@@ -73,3 +73,19 @@ def test_superseded_entries_free_their_room_for_the_admission():
     conversations.park(entry("s", short), frozenset(), can_rewind=True)
     conversations.park(entry("l", long), frozenset(), can_rewind=True)
     assert [e.key for e in conversations.pool.entries()] == ["l"]
+
+
+def test_a_regenerate_looks_up_no_parked_entry(monkeypatch):
+    """A live state that keeps all a prompt can keep (the same prompt again) cannot lose to a
+    parked entry (it wins ties): the pool's index is not searched; another prompt searches it."""
+    gen, conversations = make(budget=1 << 20)
+    gen.parking = conversations
+    lookups = []
+    real = conversations.pool.candidates
+    monkeypatch.setattr(conversations.pool, "candidates", lambda *a, **k: lookups.append(1) or real(*a, **k))
+    prompt = tok.render_chat([{"role": "user", "content": "lighthouses"}]).token_ids
+    for _ in range(3):  # a new conversation, then twice the same prompt: its answer parked
+        list(gen.run(GenerationRequest(prompt, max_tokens=4)))
+    assert len(conversations.pool) == 1 and lookups == [1]  # only the first request searched
+    list(gen.run(GenerationRequest(prompt[:-2] + [7, 7], max_tokens=4)))
+    assert lookups == [1, 1]

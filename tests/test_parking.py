@@ -193,6 +193,21 @@ def test_pool_candidates_verify_by_tokens_and_skip_hopeless_groups():
     assert pool.pop("a").key == "a" and "a" not in pool
 
 
+def test_superseded_tails_on_the_live_state_are_compared_past_their_base():
+    """Given the live state's ids, an entry on the live state is taken to hold them up to its
+    base (the forks invariant) and compared past it only; other entries and other ids in full."""
+    pool = ParkingPool(1 << 20, 8, block=4)
+    live = list(range(30))
+    tail = entry("tail", [7] * 20 + live[20:26])  # its first 20 ids: not the live ones here
+    tail.base, tail.parent = 20, LIVE
+    pool.add(tail)
+    pool.add(entry("whole", [7] * 20 + live[20:26]))
+    assert pool.prefixes_of(live, live=True) == ["tail"]
+    assert pool.prefixes_of(live) == []
+    tail.held_ids[-1] = 99  # past its base: compared
+    assert pool.prefixes_of(live, live=True) == []
+
+
 @pytest.mark.parametrize("can_rewind", [True, False])
 def test_pool_choice_equals_comparing_every_entry(can_rewind):
     """The pool's candidates (groups pruned by what can beat the live state, tail entries on the

@@ -222,20 +222,29 @@ def test_prompt_blocks_are_hashed_with_the_prefill_not_by_the_next_selection(mon
     assert hashed and all(first >= (prompt_len - 1) // 4 for first, _ in hashed), hashed
 
 
-def test_a_forks_parked_tail_enters_the_pool_after_the_prefill_is_queued(monkeypatch):
+def test_a_forks_parked_tail_enters_the_pool_once_the_first_token_is_out(monkeypatch):
     """A regenerate copies the old answer's tail before the cut, but the pool's bookkeeping
-    (admission, index, log) waits until the new prefill is queued; the entry is then parked
-    as before, and a failing prefill does not lose it."""
+    (admission, index, log) waits until the first token is out and held (not in the TTFT);
+    the entry is then parked as before, also when the client leaves at the first token, and
+    a failing prefill does not lose it."""
     gen = make(block=4)
     messages = [SYSTEM, {"role": "user", "content": "Lighthouses and fog."}]
     answer, _ = chat(gen, messages)
     order = []
-    real_add, real_prefill = gen.parking.pool.add, gen.engine.prefill
+    real_add, real_prefill, real_decode = gen.parking.pool.add, gen.engine.prefill, gen.engine.decode
     monkeypatch.setattr(gen.parking.pool, "add", lambda *a, **k: order.append("pool") or real_add(*a, **k))
     monkeypatch.setattr(gen.engine, "prefill", lambda ids: order.append("prefill") or real_prefill(ids))
+    monkeypatch.setattr(gen.engine, "decode", lambda t: order.append("decode") or real_decode(t))
     chat(gen, messages)  # regenerate: the answer's tail is parked
-    assert order == ["prefill", "pool"]
+    assert order[:3] == ["prefill", "decode", "pool"] and order.count("pool") == 1
     assert len(gen.parking.pool) == 1
+    rendered = tok.render_chat(messages)
+    events = gen.run(GenerationRequest(rendered.token_ids, message_ends=rendered.message_ends))
+    keys = [e.key for e in gen.parking.pool.entries()]
+    next(events)  # the first token's event: its tail not yet in the pool
+    assert [e.key for e in gen.parking.pool.entries()] == keys
+    events.close()  # the client leaves: the tail is parked all the same (superseding the same one)
+    assert [e.key for e in gen.parking.pool.entries()] not in ([], keys)
     _, restored = chat(gen, follow(messages, answer, "and then?"))  # the parked answer is used
     assert restored.cached_tokens >= len(tok.render_chat(messages).token_ids) + len(answer.encode()) - 8
 

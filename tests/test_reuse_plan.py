@@ -169,7 +169,7 @@ def test_generator_common_prefix_is_computed_once_per_plan_and_forgotten_on_exec
 
     calls = []
     monkeypatch.setattr(generation, "common_prefix_length",
-                        lambda a, b: calls.append(1) or common_prefix_length(a, b))
+                        lambda a, b, start=0: calls.append(1) or common_prefix_length(a, b, start))
     gen = Generator(EchoEngine(), ByteTokenizer())
     gen.held_ids = [1, 2, 3, 4]
     prompt = [1, 2, 9, 9, 9]
@@ -182,3 +182,33 @@ def test_generator_common_prefix_is_computed_once_per_plan_and_forgotten_on_exec
     gen._execute(gen.plan(prompt), GenerationRequest(prompt, 1))
     gen.held_ids[:] = [1, 2, 9, 9, 8]  # same list, same length, other ids: not taken from before
     assert gen.common_with(prompt) == 4
+
+
+def test_the_same_prompt_list_again_is_known_held_without_comparing(monkeypatch):
+    """A request's prompt list once brought into the state (a regenerate sends the render
+    cache's same list) is known held up to what cuts left of it: its ids are not compared
+    again; another list, a replaced state or a changed last id are compared from the start."""
+    from redlite.core import generation
+    from redlite.core.byte_tokenizer import ByteTokenizer
+    from redlite.core.generation import GenerationRequest, Generator
+    from redlite.engine.echo import EchoEngine
+
+    starts = []
+    monkeypatch.setattr(generation, "common_prefix_length",
+                        lambda a, b, start=0: starts.append(start) or common_prefix_length(a, b, start))
+    gen = Generator(EchoEngine(), ByteTokenizer())
+    prompt = [5, 6, 7, 8, 9, 10]
+    *_, first = gen.run(GenerationRequest(prompt, 3))
+    assert len(gen.held_ids) > len(prompt)  # the answer is held after it
+    gen._common = None
+    assert gen.common_with(prompt) == 6 and starts[-1] == 6  # nothing compared
+    assert gen.common_with(list(prompt)) == 6 and starts[-1] == 0  # another list
+    gen.sequence.cut(4)
+    gen._common = None
+    assert gen.common_with(prompt) == 4 and starts[-1] == 4  # what the cut left
+    gen.held_ids[3] = 0  # against the contract: the last known id changed
+    gen._common = None
+    assert gen.common_with(prompt) == 3 and starts[-1] == 0
+    gen.held_ids = list(prompt)  # replaced: nothing known
+    gen._common = None
+    assert gen.common_with(prompt) == 6 and starts[-1] == 0

@@ -38,7 +38,7 @@ from redlite.core.forks import trusted
 from redlite.core.live_state import SlotPrefix, copy_prefix, install, reset
 from redlite.core.parker import Parker
 from redlite.core.parking import (LIVE, POOL_TIERS, Candidate, ParkedEntry, ParkingPool,
-                                  choose_candidate, entry_fit, usable_prefix)
+                                  choose_candidate, entry_fit, longest_usable, usable_prefix)
 from redlite.core.replay import ReplayStore
 from redlite.core.reuse import common_prefix_length
 from redlite.core.sessions import SessionStore
@@ -185,7 +185,8 @@ class Conversations(Parker):
 
         def known(block: int) -> list[bytes]:  # the prompt's leading hashes: the live state's
             return gen.sequence.held_hashes(block, live_common // block) if live_common else []
-        if self.pool is not None:
+        # the pool's entries could at most tie with a live state keeping all it can (a regenerate)
+        if self.pool is not None and live_usable < longest_usable(len(prompt), can_rewind):
             candidates += self.pool.candidates(prompt, can_rewind, live_usable, live_common,
                                                known(self.pool.block))
         if self.sessions is not None:

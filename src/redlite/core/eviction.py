@@ -12,7 +12,7 @@ at once is not stored at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import Hashable, NamedTuple, Sequence
 
 ATTENTION_KNEE_TOKENS = 4096  # context at which attention costs as much as the rest (approx.)
 
@@ -23,11 +23,12 @@ def prefill_cost(tokens: int, knee: int = ATTENTION_KNEE_TOKENS) -> float:
     return tokens * (1.0 + tokens / (2.0 * knee))
 
 
-@dataclass(frozen=True)
-class EntryStats:
+class EntryStats(NamedTuple):
     """What eviction needs of an entry: key, bytes, tokens held, last use (s); for a tail entry
     the tokens its parent holds for it (``base``) and the ``parent`` key (an entry with
-    dependants is never evicted before them); ``on_device``: counted against the device budget."""
+    dependants is never evicted before them); ``on_device``: counted against the device budget.
+    A named tuple: one per pool entry is made at every admission (a frozen dataclass's
+    ``__init__`` costs several times more)."""
 
     key: Hashable
     nbytes: int
@@ -61,14 +62,16 @@ def plan_fit(entries: Sequence[EntryStats], budget_bytes: int, max_entries: int,
     (entries not ``on_device``) <= ``budget_bytes``, device bytes <= ``device_budget_bytes``,
     count <= ``max_entries``. Only leaves go (no remaining entry has them as ``parent``), and
     only ones that free what is over; protected keys never. None when no choice fits."""
+    host = sum(e.nbytes for e in entries if not e.on_device)
+    device = sum(e.nbytes for e in entries if e.on_device)
+    if host <= budget_bytes and device <= device_budget_bytes and len(entries) <= max_entries:
+        return []
     values = entry_values(entries)
     alive = {e.key: e for e in entries}
     children: dict[Hashable, int] = {}
     for e in entries:
         if e.parent in alive:
             children[e.parent] = children.get(e.parent, 0) + 1
-    host = sum(e.nbytes for e in entries if not e.on_device)
-    device = sum(e.nbytes for e in entries if e.on_device)
     evict: list[Hashable] = []
     while host > budget_bytes or device > device_budget_bytes or len(alive) > max_entries:
         over_count = len(alive) > max_entries

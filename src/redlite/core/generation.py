@@ -197,7 +197,8 @@ class Generator:
         if memo is not None and memo[0] is held and memo[1] == len(held) \
                 and memo[2] is prompt_ids and memo[3] == len(prompt_ids):
             return memo[4]
-        return self.know_common(prompt_ids, common_prefix_length(held, prompt_ids))
+        known = self.sequence.known_common(prompt_ids)  # the same prompt list again: held already
+        return self.know_common(prompt_ids, common_prefix_length(held, prompt_ids, start=known))
 
     def know_common(self, prompt_ids: list[int], common: int) -> int:
         """Remember ``common``, the caller's common prefix of the held ids and ``prompt_ids``
@@ -232,6 +233,7 @@ class Generator:
             self._answer_start = None  # the cut dropped the last answer (a cancelled prefill keeps none)
         self.failed = False
         if plan.keep == len(prompt):
+            self.sequence.note_prompt(prompt)
             return logits, True
         preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info])
         if engine.can_rewind or self.settings.checkpoint_bytes <= 0:
@@ -261,6 +263,7 @@ class Generator:
                     self.checkpoints.add(checkpoint, pinned=end == preamble)
         if len(ends) > 1 or not engine.can_rewind:
             log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
+        self.sequence.note_prompt(prompt)
         return logits, True
 
     def _min_piece(self) -> int:
@@ -338,6 +341,10 @@ class Generator:
         return plan, planned, logits, complete
 
     def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
+        """One choice: the candidate step, then :meth:`_answer`. The host work the candidate step
+        leaves (``parking.settle``: a parked tail's bookkeeping, block hashes) runs once the
+        first token is out and held (the device computing the next one meanwhile), else before
+        the choice's result, else when it stops (cancelled, failed, closed): not in the TTFT."""
         started = self._clock()
         if self.parking is not None and self.settings.reuse and index == 0:
             adopt_held_spelling(self, request)  # the live state's spelling first, then selection
@@ -345,16 +352,28 @@ class Generator:
                 # candidate selection: the live state or a parked conversation (never raises)
                 self.parking.select(self, request.prompt_ids, request.request_id, request.session_key)
         selected = self._clock()
-        try:
-            plan, planned, logits, complete = self._plan_and_execute(request, index)
-        finally:  # host work left from the candidate step, while the device runs the prefill
-            if self.parking is not None:
+        pending = [self.parking is not None]
+
+        def settle() -> None:
+            if pending[0]:
+                pending[0] = False
                 self.parking.settle(self)
+        try:
+            yield from self._answer(request, index, started, selected, settle)
+        finally:
+            settle()
+
+    def _answer(self, request: GenerationRequest, index: int, started: float, selected: float,
+                settle: Callable[[], None]) -> Iterator[str | TokenLogprob | GenerationResult]:
+        """Plan, execute and generate one choice (see :meth:`run`); ``settle()`` is called
+        once the first token is held and before the result (it does its work once)."""
+        plan, planned, logits, complete = self._plan_and_execute(request, index)
         prompt = request.prompt_ids
         ttft_ms = (self._clock() - started) * 1000.0
         if not complete:
             log.info("%s generated 0 tok, finish cancelled, held %d tok", request.request_id,
                      len(self.held_ids))
+            settle()
             self.sequence.touch()
             yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan,
                                    prefilled_tokens=max(0, len(self.held_ids) - plan.keep))
@@ -410,8 +429,10 @@ class Generator:
             loop.keep(token)  # the held ids and the engine state change together here
             self.held_ids.append(token)
             self.failed = False
+            settle()
         else:
             finish = "cancelled"
+        settle()
         if not scanner.stopped:
             events, stopped = scanner.push(decoder.flush())
             yield from events

@@ -79,9 +79,9 @@ class Parker:
         self.lineage.release_live(gen, keep)
 
     def settle(self, gen: "Generator") -> None:
-        """Called once ``gen``'s prefill is queued (or its request failed before): the host
-        work left from its candidate step, done while a GPU computes instead of before the
-        prefill starts. The deferred bookkeeping of a parked tail (``park_live(defer=True)``:
+        """Called once ``gen``'s first token is out and held (else before its result, or when
+        it stops early: :meth:`Generator._run_choice`): the host work left from its candidate
+        step, done while a GPU computes the next token instead of before the first one. The deferred bookkeeping of a parked tail (``park_live(defer=True)``:
         admission, evictions, the pool's index, the log line), then the prefix index's hashes
         of the held ids' full blocks (kept by the sequence; else the next request's candidate
         step would hash a new conversation whole). Never raises (logged)."""
@@ -129,7 +129,7 @@ class Parker:
         stats = EntryStats("live", estimate, n, self._clock(), keep, parent, on_device)
         to_disk = self.sessions is not None and self.sessions.eligible(n)
         hashes = gen.sequence.held_hashes(pool.block) if pool is not None else None
-        superseded = self._superseded(gen.held_ids, protected, engine.can_rewind, hashes)
+        superseded = self._superseded(gen.held_ids, protected, engine.can_rewind, hashes, live=True)
         if not to_disk and (pool is None or not self._admission(stats, superseded, protected).admit):
             log.info("evicted %d tok (%d bytes) from live reason=no-room -> dropped (not copied)",
                      n - keep, estimate)
@@ -159,11 +159,12 @@ class Parker:
         self.park(self._with_turns(entry), protected, engine.can_rewind, started, hashes, superseded)
 
     def _superseded(self, held_ids: list[int], protected: frozenset, can_rewind: bool,
-                    hashes: list[bytes] | None) -> list:
-        """Pool entries a conversation holding ``held_ids`` makes redundant (it extends them)."""
+                    hashes: list[bytes] | None, live: bool = False) -> list:
+        """Pool entries a conversation holding ``held_ids`` makes redundant (it extends them);
+        live: ``held_ids`` are the live state's (see :meth:`ParkingPool.prefixes_of`)."""
         if self.pool is None or not can_rewind:
             return []
-        return [key for key in self.pool.prefixes_of(held_ids, hashes) if key not in protected]
+        return [key for key in self.pool.prefixes_of(held_ids, hashes, live) if key not in protected]
 
     def _admission(self, stats: EntryStats, superseded: list, protected: frozenset) -> EvictionPlan:
         """The pool's eviction plan for an entry, counting the superseded entries as gone."""

@@ -123,8 +123,13 @@ def usable_prefix(held_len: int, common: int, prompt_len: int, can_rewind: bool,
         return held_len
     if can_rewind:
         return min(common, prompt_len - 1)
-    usable = [p for p in checkpoint_positions if 0 < p <= min(common, prompt_len)]
-    return max(usable, default=0)
+    bound = min(common, prompt_len)
+    return max((p for p in checkpoint_positions if 0 < p <= bound), default=0)
+
+
+def longest_usable(prompt_len: int, can_rewind: bool) -> int:
+    """The longest :func:`usable_prefix` any state can have for a prompt of ``prompt_len``."""
+    return prompt_len - 1 if can_rewind else prompt_len
 
 
 @dataclass(frozen=True)
@@ -264,19 +269,24 @@ class ParkingPool:
         self._index.remove(key)
         return entry
 
-    def prefixes_of(self, ids: Sequence[int], hashes: list[bytes] | None = None) -> list[Hashable]:
+    def prefixes_of(self, ids: Sequence[int], hashes: list[bytes] | None = None,
+                    live: bool = False) -> list[Hashable]:
         """Keys of entries whose held ids are a prefix of ``ids`` (superseded by them), leaves
-        only (an entry others depend on stays). hashes: :meth:`hashes` of ``ids``."""
+        only (an entry others depend on stays). hashes: :meth:`hashes` of ``ids``. live: ``ids``
+        are the live state's held ids, which an entry on the live state (parent ``LIVE``)
+        holds up to its ``base`` (:mod:`redlite.core.forks`): only its ids past that compared."""
         parents = {e.parent for e in self._entries.values()}
         out = []
         for group in self._index.lookup(ids, hashes or ()):
             for key in group.keys:
                 if key in parents:
                     continue
-                held = self._entries[key].held_ids
-                n = len(held)
+                entry = self._entries[key]
+                held, n = entry.held_ids, len(entry.held_ids)
+                start = entry.base if live and entry.parent == LIVE else 0
+                last = max(start, n - 64)
                 # its last ids first: a branch that differs near its end is told apart at once
-                if n <= len(ids) and held[-64:] == ids[max(0, n - 64):n] and held == ids[:n]:
+                if n <= len(ids) and held[last:] == ids[last:n] and held[start:last] == ids[start:last]:
                     out.append(key)
         return out
 
@@ -292,7 +302,7 @@ def candidates_from_index(index: PrefixIndex, entries: dict, prompt: Sequence[in
     known: leading chain hashes of ``prompt`` (:meth:`PrefixIndex.lookup`)."""
     found: list[Candidate] = []
     best = best_so_far
-    most = len(prompt) - 1 if can_rewind else len(prompt)  # no usable prefix is longer
+    most = longest_usable(len(prompt), can_rewind)
     for group in index.lookup(prompt, known):
         reach = min(group.bound - 1, most)
         if reach < best or reach <= best_so_far:

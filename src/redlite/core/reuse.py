@@ -170,9 +170,9 @@ def _plan_differing(held_ids: Sequence[int], new_ids: Sequence[int], common: int
         if keep == 0:
             return reset(why, common)
         return ReusePlan(Action.REWIND, keep, common, prompt_len, held_len, why)
-    usable = [p for p in checkpoint_positions if 0 < p <= min(common, prompt_len)]
-    if not usable:
+    bound = min(common, prompt_len)
+    position = max((p for p in checkpoint_positions if 0 < p <= bound), default=0)
+    if not position:
         return reset(MissReason.NO_REWIND, common)
-    position = max(usable)
     return ReusePlan(Action.RESTORE, position, common, prompt_len, held_len,
                      MissReason.NO_REWIND, checkpoint_position=position)

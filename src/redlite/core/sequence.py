@@ -12,7 +12,9 @@ The :class:`~redlite.core.generation.Generator` serving the slot changes these f
 :mod:`redlite.core.live_state` and :mod:`redlite.core.forks` when a conversation moves in or
 out); everything else reads them. The held ids change only by appending, by :meth:`Sequence.cut`
 or by replacing the list: the prefix index's chain hashes of them (:meth:`Sequence.held_hashes`)
-are kept across requests on that contract, so a request hashes only the blocks it added.
+are kept across requests on that contract, so a request hashes only the blocks it added, and so
+is the prompt they were last brought to (:meth:`Sequence.note_prompt`), so the same prompt list
+again (a regenerate, from the render cache) is known to be held without comparing its ids.
 """
 
 from __future__ import annotations
@@ -44,13 +46,16 @@ class Sequence:
     last_used: float = field(default_factory=time.monotonic)
     # block -> chain hashes of held_ids' leading full blocks (see held_hashes)
     _chains: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    # (prompt, n): the held ids start with prompt[:n] (see note_prompt)
+    _prompt: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # held ids replaced as a whole (another conversation installed, copied or reset): the
-        # answer start and the hashes belonged to the old ones
+        # answer start, the hashes and the noted prompt belonged to the old ones
         if name == "held_ids" and "held_ids" in self.__dict__:
             object.__setattr__(self, "answer_start", None)
             object.__setattr__(self, "_chains", {})
+            object.__setattr__(self, "_prompt", None)
         object.__setattr__(self, name, value)
 
     def cut(self, keep: int) -> None:
@@ -58,6 +63,23 @@ class Sequence:
         del self.held_ids[keep:]
         for block, chain in self._chains.items():
             del chain[keep // block:]
+        if self._prompt is not None and self._prompt[1] > keep:
+            self._prompt = (self._prompt[0], keep)
+
+    def note_prompt(self, prompt: list[int]) -> None:
+        """The held ids start with all of ``prompt`` now (its prefill is done); ``prompt`` is
+        never changed in place (a request's prompt list)."""
+        self._prompt = (prompt, len(prompt))
+
+    def known_common(self, prompt: list[int]) -> int:
+        """How many leading ids of ``prompt`` the held ids are known to hold without comparing:
+        those of the list last given to :meth:`note_prompt` (the same object) still held, else 0
+        (also when the last of them differs: held ids changed against the contract)."""
+        noted = self._prompt
+        if noted is None or noted[0] is not prompt:
+            return 0
+        n = min(noted[1], len(prompt), len(self.held_ids))
+        return n if n and self.held_ids[n - 1] == prompt[n - 1] else 0
 
     def held_hashes(self, block: int, blocks: int | None = None) -> list[bytes]:
         """The chain hashes (:func:`~redlite.core.prefix_index.block_hashes`) of the first

@@ -66,6 +66,13 @@ class Qwen3_5State(ModelState):
                                   dtype=torch.float32))
         self.conv, self.recurrent = _views(self._flat, shapes)
         self._shapes = shapes
+        # the payload's names per layer, its size and the state's own tensors by name: fixed
+        self._names = {i: (f"layers.{i}.conv", f"layers.{i}.recurrent") for i in shapes}
+        self._recurrent_bytes = sum(t.numel() * t.element_size()
+                                    for t in (*self.conv.values(), *self.recurrent.values()))
+        self._targets = {}
+        for i, (conv_name, recurrent_name) in self._names.items():
+            self._targets[conv_name], self._targets[recurrent_name] = self.conv[i], self.recurrent[i]
         cfg = model.text_config
         n_heads = int(cfg["num_attention_heads"])
         self.cache = KVCache(len(self.kv_slot), int(cfg.get("num_key_value_heads") or n_heads),
@@ -92,7 +99,7 @@ class Qwen3_5State(ModelState):
 
     def recurrent_nbytes(self) -> int:
         """Bytes of the conv + recurrent states (one checkpoint payload); independent of n_past."""
-        return sum(t.numel() * t.element_size() for t in (*self.conv.values(), *self.recurrent.values()))
+        return self._recurrent_bytes
 
     def nbytes(self) -> int:
         """Bytes of the held part: conv + recurrent states plus ``n_past`` tokens of KV cache."""
@@ -135,10 +142,9 @@ class Qwen3_5State(ModelState):
         flats = tuple(flat.to(target, copy=True) for flat in self._flat)
         conv, recurrent = _views(flats, self._shapes)
         out = _Payload()
-        out.flats = flats
-        for i in self.conv:
-            out[f"layers.{i}.conv"] = conv[i]
-            out[f"layers.{i}.recurrent"] = recurrent[i]
+        out.flats, out.layout = flats, self._shapes
+        for i, (conv_name, recurrent_name) in self._names.items():
+            out[conv_name], out[recurrent_name] = conv[i], recurrent[i]
         return out
 
     def save_recurrent(self, payload: Mapping[str, torch.Tensor]) -> None:
@@ -159,7 +165,9 @@ class Qwen3_5State(ModelState):
         if not 0 <= position <= self.n_past:
             raise EngineError(f"cannot roll back to {position} tokens: {self.n_past} held")
         targets = self._recurrent_targets()
-        self._check(tensors, targets)
+        # a payload of a state of this layout holds its names and shapes (no tensor-by-tensor check)
+        if getattr(tensors, "layout", None) != self._shapes or len(tensors) != len(targets):
+            self._check(tensors, targets)
         with torch.inference_mode():
             self._copy_in(tensors, targets)
         self.n_past = int(position)
@@ -181,11 +189,8 @@ class Qwen3_5State(ModelState):
                 dest.copy_(src)
 
     def _recurrent_targets(self) -> dict[str, torch.Tensor]:
-        targets = {}
-        for i in self.conv:
-            targets[f"layers.{i}.conv"] = self.conv[i]
-            targets[f"layers.{i}.recurrent"] = self.recurrent[i]
-        return targets
+        """The state's own conv and recurrent tensors by payload name (one dict: not to be changed)."""
+        return self._targets
 
     # --- parking ------------------------------------------------------------------------------
 
@@ -243,20 +248,29 @@ def _numel(shape) -> int:
 
 
 def _views(flats: tuple[torch.Tensor, torch.Tensor], shapes: dict) -> tuple[dict, dict]:
-    """Per-layer conv and recurrent views of the two flat tensors, in layer order."""
-    conv, recurrent, offsets = {}, {}, [0, 0]
-    for i, (c_shape, r_shape) in shapes.items():
-        for j, (shape, out) in enumerate(((c_shape, conv), (r_shape, recurrent))):
-            n = _numel(shape)
-            out[i] = flats[j][offsets[j]:offsets[j] + n].view(shape)
-            offsets[j] += n
-    return conv, recurrent
+    """Per-layer conv and recurrent views of the two (contiguous) flat tensors, in layer order:
+    one ``unbind`` per flat when every layer's shape is the same (each view is a torch call of
+    a few microseconds, on the host whatever the device), else a slice per layer."""
+    layers, out = list(shapes), []
+    for j, flat in enumerate(flats):
+        kinds = [shapes[i][j] for i in layers]
+        if kinds and all(shape == kinds[0] for shape in kinds):
+            parts = flat.view(len(kinds), *kinds[0]).unbind(0)
+        else:
+            parts, offset = [], 0
+            for shape in kinds:
+                parts.append(flat[offset:offset + _numel(shape)].view(shape))
+                offset += _numel(shape)
+        out.append(dict(zip(layers, parts)))
+    return out[0], out[1]
 
 
 class _Payload(dict):
-    """A checkpoint payload (name -> view) that also keeps the two flat tensors it views."""
+    """A checkpoint payload (name -> view) that also keeps the two flat tensors it views and
+    the layout (layer -> shapes) of the state that made it; never changed once made."""
 
     flats: tuple[torch.Tensor, torch.Tensor] = ()
+    layout: dict | None = None
 
 
 def export_recurrent(state: Qwen3_5State, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
