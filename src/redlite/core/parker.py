@@ -81,8 +81,9 @@ class Parker:
     def settle(self, gen: "Generator") -> None:
         """Called once ``gen``'s first token is out and held (else before its result, or when
         it stops early: :meth:`Generator._run_choice`): the host work left from its candidate
-        step, done while a GPU computes the next token instead of before the first one. The deferred bookkeeping of a parked tail (``park_live(defer=True)``:
-        admission, evictions, the pool's index, the log line), then the prefix index's hashes
+        step, done while a GPU computes the next token instead of before the first one. The
+        deferred bookkeeping of a parked tail (``park_live(defer=True)``: admission,
+        evictions, the pool's index, the log line), then the prefix index's hashes
         of the held ids' full blocks (kept by the sequence; else the next request's candidate
         step would hash a new conversation whole). Never raises (logged)."""
         pending, self._pending = self._pending, None
