@@ -46,7 +46,8 @@ import transformers  # noqa: E402
 from redlite.core.byte_tokenizer import ByteTokenizer  # noqa: E402
 from redlite.core.conversations import Conversations  # noqa: E402
 from redlite.core.live_state import capture  # noqa: E402
-from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings  # noqa: E402
+from redlite.core.generation import Generator  # noqa: E402
+from redlite.core.generation_request import GenerationRequest, GeneratorSettings  # noqa: E402
 from redlite.core.parking import ParkingPool  # noqa: E402
 from redlite.engine.base import SamplingParams  # noqa: E402
 from redlite.engine.torch_engine import TorchEngine  # noqa: E402

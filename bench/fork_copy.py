@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from redlite.core.conversations import Conversations  # noqa: E402
-from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings  # noqa: E402
+from redlite.core.generation import Generator  # noqa: E402
+from redlite.core.generation_request import GenerationRequest, GeneratorSettings  # noqa: E402
 from redlite.core.parking import ParkingPool  # noqa: E402
 from redlite.core.scheduler import build_scheduler  # noqa: E402
 from redlite.core.worker import EngineWorker, Job  # noqa: E402

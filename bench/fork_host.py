@@ -50,7 +50,8 @@ import transformers
 
 from redlite.core.byte_tokenizer import VOCAB_SIZE, ByteTokenizer
 from redlite.core.conversations import Conversations
-from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GeneratorSettings
 from redlite.core.parker import Parker
 from redlite.core.parking import ParkingPool
 from redlite.core.replay import ReplayStore

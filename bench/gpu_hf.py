@@ -139,7 +139,7 @@ class StubTokenizer:
 
 def first_token_s(generator, prompt: list[int]) -> tuple[float, object]:
     """(seconds to the first streamed text, the GenerationResult) of one greedy 1-token request."""
-    from redlite.core.generation import GenerationRequest
+    from redlite.core.generation_request import GenerationRequest
     from redlite.engine.base import SamplingParams
 
     request = GenerationRequest(prompt_ids=prompt, max_tokens=1, sampling=SamplingParams(temperature=0.0))
@@ -153,7 +153,8 @@ def first_token_s(generator, prompt: list[int]) -> tuple[float, object]:
 
 def ttft(R: dict, engine, contexts, device, suffix_len=64, gen_tokens=8):
     """Second-turn TTFT rows into ``R["ttft"]`` (see bench/gpu.py's docstring)."""
-    from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings
+    from redlite.core.generation import Generator
+    from redlite.core.generation_request import GenerationRequest, GeneratorSettings
     from redlite.engine.base import SamplingParams
 
     rng = torch.Generator().manual_seed(7)

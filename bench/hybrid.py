@@ -176,7 +176,8 @@ def prefill_speed(engine, sizes, lengths, device):
 def fork(engine, ctx, device, profile_to=None, tail=64, gen_tokens=8):
     """Second-turn time to first token after a fork ``tail`` tokens before the end of the
     ``ctx``-token first turn (its last message boundary), with and without reuse."""
-    from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings
+    from redlite.core.generation import Generator
+    from redlite.core.generation_request import GenerationRequest, GeneratorSettings
     from redlite.engine.base import SamplingParams
 
     rng = torch.Generator().manual_seed(7)

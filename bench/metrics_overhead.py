@@ -130,7 +130,7 @@ def direct_cost(n: int = 2000) -> tuple[float, float]:
     """Microseconds per ``ServerMetrics.observe`` of a one-choice request and per scrape, on
     an echo app's state (what the metrics add to each request and each scrape)."""
     from echo_app import echo_state
-    from redlite.core.generation import GenerationResult
+    from redlite.core.generation_request import GenerationResult
     from redlite.core.reuse import Action, MissReason, ReusePlan
     from redlite.server.metrics import ServerMetrics
     state = echo_state()

@@ -64,7 +64,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from park_raw import drop_cache, full_buffers, raw_read, raw_write, resident  # noqa: E402
 
 from redlite.core.live_state import capture, install  # noqa: E402
-from redlite.core.generation import Generator, GeneratorSettings  # noqa: E402
+from redlite.core.generation import Generator  # noqa: E402
+from redlite.core.generation_request import GeneratorSettings  # noqa: E402
 from redlite.core.sessions import SessionStore, expected_for  # noqa: E402
 
 # SmolLM2-135M's shape (the bundled model): --random-weights builds it without the model file

@@ -9,7 +9,8 @@ from fastapi.testclient import TestClient
 
 from redlite.core.byte_tokenizer import ByteTokenizer
 from redlite.core.conversations import Conversations
-from redlite.core.generation import Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GeneratorSettings
 from redlite.core.parking import ParkingPool
 from redlite.core.sessions import expected_for
 from redlite.core.scheduler import build_scheduler

@@ -9,7 +9,8 @@ import json
 import httpx
 
 from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.generation import Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GeneratorSettings
 from redlite.core.worker import EngineWorker
 from redlite.engine.echo import EchoEngine
 from redlite.server.app import ServerState, create_app

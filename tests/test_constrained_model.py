@@ -10,7 +10,8 @@ import pytest
 
 from redlite.core.constraints import build_constraint
 from redlite.core.chat import OutputEvent
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GenerationResult
 from redlite.engine.base import SamplingParams
 
 pytestmark = pytest.mark.model

@@ -10,7 +10,8 @@ from redlite.core.byte_tokenizer import END, ByteTokenizer
 from redlite.core.closed_objects import close_objects
 from redlite.core.constraints import MAX_FORCED_CALLS, ConstraintError, build_constraint
 from redlite.core.chat import OutputEvent
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GenerationResult
 from redlite.core.grammar import GrammarMatcher, check_constraint, grammar_tokenizer
 from redlite.engine.base import SamplingParams
 from redlite.engine.echo import EchoEngine

@@ -12,7 +12,8 @@ import pytest
 
 from redlite.core.chat import OutputEvent
 from redlite.core.constraints import MAX_FORCED_CALLS, build_constraint
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GenerationResult
 from redlite.core.output_scanner import ParseOptions
 from redlite.engine.base import SamplingParams
 

@@ -11,7 +11,8 @@ import pytest
 from redlite.core.byte_tokenizer import END, ByteTokenizer
 from redlite.core.conversations import Conversations
 from redlite.core.live_state import capture, install, reset
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GenerationResult, GeneratorSettings
 from redlite.core.eviction import EntryStats, plan_fit
 from redlite.core.parking import LIVE, ParkingPool
 from redlite.core.sessions import SessionStore, expected_for

@@ -12,7 +12,8 @@ import transformers
 
 from redlite.core.byte_tokenizer import VOCAB_SIZE, ByteTokenizer
 from redlite.core.conversations import Conversations
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GenerationResult, GeneratorSettings
 from redlite.core.parking import LIVE, ParkingPool
 from redlite.engine.base import EngineError, SamplingParams
 from redlite.engine.torch_engine import TorchEngine

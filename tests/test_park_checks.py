@@ -3,7 +3,8 @@ park keeps the entries a new one would supersede until the new one is known to f
 
 from redlite.core.byte_tokenizer import ByteTokenizer
 from redlite.core.conversations import Conversations
-from redlite.core.generation import GenerationRequest, Generator
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest
 from redlite.core.parking import ParkedEntry, ParkingPool
 from redlite.engine.echo import EchoEngine
 

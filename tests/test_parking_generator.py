@@ -8,7 +8,8 @@ import pytest
 
 from redlite.core.byte_tokenizer import ByteTokenizer
 from redlite.core.conversations import Conversations
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GenerationResult, GeneratorSettings
 from redlite.core.parking import ParkingPool
 from redlite.core.prefix_index import block_hashes
 from redlite.core.sessions import SessionStore, expected_for

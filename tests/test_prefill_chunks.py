@@ -4,7 +4,8 @@ process, echo engine), and the --max-tokens cap."""
 import pytest
 
 from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GenerationResult, GeneratorSettings
 from redlite.core.reuse import Action, MissReason
 from redlite.engine.echo import EchoEngine
 

@@ -13,7 +13,8 @@ import pytest
 from echo_app import echo_client
 from inprocess import echo_call
 from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.generation import GenerationRequest, Generator
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest
 from redlite.core.output_scanner import ParseOptions
 from redlite.core.replay import ReplayStore
 from redlite.core.replay_record import record_turn

@@ -86,7 +86,8 @@ def server(path: Path, *, reuse: bool = True, replay: str = "exact", park: bool 
     """An in-process server on the model (its own engine; ``client.state``); ``park``: a RAM
     pool for parking; ``template``: another chat template."""
     from redlite.core.conversations import Conversations
-    from redlite.core.generation import Generator, GeneratorSettings
+    from redlite.core.generation import Generator
+    from redlite.core.generation_request import GeneratorSettings
     from redlite.core.parking import ParkingPool
     from redlite.core.worker import EngineWorker
     from redlite.engine.factory import load_engine

@@ -164,7 +164,8 @@ def test_common_prefix_length_blocks():
 def test_generator_common_prefix_is_computed_once_per_plan_and_forgotten_on_execute(monkeypatch):
     from redlite.core import generation
     from redlite.core.byte_tokenizer import ByteTokenizer
-    from redlite.core.generation import GenerationRequest, Generator
+    from redlite.core.generation import Generator
+    from redlite.core.generation_request import GenerationRequest
     from redlite.engine.echo import EchoEngine
 
     calls = []
@@ -190,7 +191,8 @@ def test_the_same_prompt_list_again_is_known_held_without_comparing(monkeypatch)
     again; another list, a replaced state or a changed last id are compared from the start."""
     from redlite.core import generation
     from redlite.core.byte_tokenizer import ByteTokenizer
-    from redlite.core.generation import GenerationRequest, Generator
+    from redlite.core.generation import Generator
+    from redlite.core.generation_request import GenerationRequest
     from redlite.engine.echo import EchoEngine
 
     starts = []

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from echo_app import echo_client
 from inprocess import echo_call
 from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GeneratorSettings
 from redlite.core.reuse import Action, plan_reuse
 from redlite.core.same_bytes import align_same_bytes
 from redlite.engine.echo import EchoEngine

@@ -54,7 +54,8 @@ def server(engine, tokenizer, same_bytes: bool, replay: str = "exact", replay_by
            reuse: bool = True):
     """An in-process server on ``engine`` (``client.generator``, ``client.state``); by default
     with no kept turns (``replay_bytes=0``)."""
-    from redlite.core.generation import Generator, GeneratorSettings
+    from redlite.core.generation import Generator
+    from redlite.core.generation_request import GeneratorSettings
     from redlite.core.worker import EngineWorker
     from redlite.server.app import ServerState, create_app
     from redlite.server.chat_service import ChatOptions
@@ -113,7 +114,8 @@ def session(client, case):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_answer_sent_back_as_text_keeps_held_ids_and_equals_cold(bundled, case):
-    from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings
+    from redlite.core.generation import Generator
+    from redlite.core.generation_request import GenerationRequest, GeneratorSettings
     from redlite.core.reuse import common_prefix_length
     from redlite.engine.base import SamplingParams
 
@@ -160,7 +162,8 @@ def test_random_answer_sent_back_as_text_on_kv_and_hybrid(tiny):
     no checkpoint restore), and the answer equals a cold generator's on the same ids.
     <|im_end|> is favoured so the answer ends (finish stop: every generated token is held)."""
     from redlite.core.chat import ChatRequest
-    from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings
+    from redlite.core.generation import Generator
+    from redlite.core.generation_request import GenerationRequest, GeneratorSettings
     from redlite.core.reuse import common_prefix_length
     from redlite.engine.base import SamplingParams
 

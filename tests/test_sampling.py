@@ -9,7 +9,8 @@ import torch
 
 from redlite.core.byte_tokenizer import END, ByteTokenizer
 from redlite.core.chat import OutputEvent
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GenerationResult
 from redlite.engine.base import SamplingParams, TokenLogprob
 from redlite.engine.echo import EchoEngine, EchoLogits
 from redlite.engine.logit_rules import log_softmax, penalize

@@ -16,7 +16,7 @@ import pytest
 from echo_app import echo_state
 from inprocess import async_client
 from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.generation import GenerationRequest, GenerationResult
+from redlite.core.generation_request import GenerationRequest, GenerationResult
 from redlite.core.placement import SlotView, choose_slot
 from redlite.core.worker import CUT_OFF, Job, QueueFull, ShuttingDown
 from redlite.engine.base import SamplingParams

@@ -11,7 +11,8 @@ import pytest
 
 from inprocess import async_client
 from redlite.core.conversations import Conversations
-from redlite.core.generation import Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GeneratorSettings
 from redlite.core.parking import ParkingPool
 from redlite.core.scheduler import build_scheduler
 from redlite.core.worker import EngineWorker

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from redlite.core.live_state import capture, install
-from redlite.core.generation import Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GeneratorSettings
 from redlite.core.session_file import Expected, SessionFileError, open_state_file, write_state_file
 from redlite.core.sessions import SessionStore, entry_to_file, expected_for
 from redlite.core.byte_tokenizer import ByteTokenizer

@@ -18,7 +18,8 @@ import pytest
 from echo_app import echo_state
 from inprocess import async_client
 from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.generation import GenerationRequest, Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GeneratorSettings
 from redlite.core.reuse import common_prefix_length
 from redlite.core.worker import EngineWorker, Job
 from redlite.engine.base import SamplingParams

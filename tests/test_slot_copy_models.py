@@ -31,7 +31,8 @@ def model_dir(request, tmp_path_factory):
 def server(path, parallel: int, reuse: bool = True):
     """An in-process server of ``parallel`` slots with a RAM parking pool and exact replay."""
     from redlite.core.conversations import Conversations
-    from redlite.core.generation import Generator, GeneratorSettings
+    from redlite.core.generation import Generator
+    from redlite.core.generation_request import GeneratorSettings
     from redlite.core.parking import ParkingPool
     from redlite.core.scheduler import build_scheduler
     from redlite.core.worker import EngineWorker

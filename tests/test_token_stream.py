@@ -10,7 +10,8 @@ import torch
 
 from redlite.core.byte_tokenizer import VOCAB_SIZE, ByteTokenizer
 from redlite.core.chat import OutputEvent
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GenerationRequest, GenerationResult, GeneratorSettings
 from redlite.engine.base import SamplingParams
 from redlite.engine.device_sampling import GREEDY, SAMPLE, DeviceSampling, mode_of, sample_into
 from redlite.engine.echo import EchoEngine

@@ -14,7 +14,7 @@ log = logging.getLogger("redlite.replay")
 
 def record_turn(store: ReplayStore, tokenizer: Any, request: Any, result: Any,
                 last_message: object = None) -> GeneratedTurn | None:
-    """Keep ``result`` (a :class:`redlite.core.generation.GenerationResult`) of ``request`` (its
+    """Keep ``result`` (a :class:`redlite.core.generation_request.GenerationResult`) of ``request`` (its
     :class:`GenerationRequest`); last_message: the chat request's last message (the one the
     answer follows). Not kept: a cancelled answer, one cut by a stop sequence (the
     client's copy lacks the stop text the model saw), one with a dropped call (cut by

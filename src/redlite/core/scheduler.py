@@ -39,7 +39,8 @@ import time
 from redlite.core.executor import EngineExecutor, SlotProxy
 from redlite.core.executor_parking import ExecutorParking
 from redlite.core.forks import trusted
-from redlite.core.generation import EngineTask, Generator
+from redlite.core.generation import Generator
+from redlite.core.generation_request import EngineTask
 from redlite.core.live_state import SlotPrefix
 from redlite.core.placement import SlotView, place
 from redlite.core.worker import CUT_OFF, Event, Job, QueueFull, ShuttingDown, run_job, send

@@ -22,7 +22,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from redlite.core.generation import GenerationRequest, GenerationResult, Generator
+from redlite.core.generation import Generator
+
+from redlite.core.generation_request import GenerationRequest, GenerationResult
 from redlite.engine.base import TokenLogprob
 
 log = logging.getLogger("redlite.worker")

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from redlite.core.generation import GenerationRequest, GenerationResult
+from redlite.core.generation_request import GenerationRequest, GenerationResult
 from redlite.core.stop import normalize_stop
 from redlite.core.tokenizer import Tokenizer, min_prompt_tokens
 from redlite.core.worker import EngineWorker

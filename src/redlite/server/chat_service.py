@@ -33,7 +33,7 @@ from redlite.core.chat_render import (detect_formats, render_request, template_r
 from redlite.core.replay import REPLAY_MODES, ReplayStore
 from redlite.core.replay_record import record_turn
 from redlite.core.replay_splice import render_with_replay
-from redlite.core.generation import GenerationRequest, GenerationResult
+from redlite.core.generation_request import GenerationRequest, GenerationResult
 from redlite.core.tokenizer import PromptTooLong, min_chat_tokens, no_prompt_limit
 from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOptions
 from redlite.core.worker import Event, Job

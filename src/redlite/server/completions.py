@@ -24,7 +24,7 @@ import json
 import time
 from typing import Any, AsyncIterator
 
-from redlite.core.generation import GenerationRequest, GenerationResult
+from redlite.core.generation_request import GenerationRequest, GenerationResult
 from redlite.core.worker import Event, Job
 from redlite.server.access import request_id_of
 from redlite.server.errors import APIError, as_api_error, error_body

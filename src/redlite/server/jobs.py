@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from redlite.core.generation import GenerationRequest
+from redlite.core.generation_request import GenerationRequest
 from redlite.core.worker import Event, Job, QueueFull, ShuttingDown
 from redlite.server.access import context_of, note_event
 from redlite.server.errors import APIError, as_api_error

@@ -139,7 +139,7 @@ class ServerMetrics:
 
     def observe(self, scope: dict, status: int | None, results: list) -> None:
         """Count one finished request and its generations' results
-        (:class:`~redlite.core.generation.GenerationResult`)."""
+        (:class:`~redlite.core.generation_request.GenerationResult`)."""
         self.requests.labels(route_of(scope), scope["method"], str(status or 0)).inc()
         for result in results:
             self.tokens.labels("generated").inc(result.completion_tokens)

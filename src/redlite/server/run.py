@@ -20,7 +20,8 @@ from typing import Any
 import uvicorn
 
 from redlite.core.conversations import Conversations
-from redlite.core.generation import Generator, GeneratorSettings
+from redlite.core.generation import Generator
+from redlite.core.generation_request import GeneratorSettings
 from redlite.core.parking import ParkingPool
 from redlite.core.session_dir import SessionDirError, prepare_session_dir
 from redlite.core.private_files import make_private_dir

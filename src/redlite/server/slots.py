@@ -14,7 +14,7 @@ is refused on restore (400), a missing one is a 404.
 A filename must be a plain name inside that directory (:func:`validate_filename`), else 400.
 Error messages name the file only by its given name; paths and OS errors go to the log.
 The operations run on the engine worker thread between generations: each is queued as an
-:class:`~redlite.core.generation.EngineTask` like a request (503 when the queue is full).
+:class:`~redlite.core.generation_request.EngineTask` like a request (503 when the queue is full).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from typing import Any, Callable
 from fastapi import FastAPI, Request
 
 from redlite.core.live_state import capture, install, reset
-from redlite.core.generation import EngineTask, Generator
+from redlite.core.generation import Generator
+from redlite.core.generation_request import EngineTask
 from redlite.core.session_file import (Expected, SessionFileError, read_state_file,
                                        write_state_file)
 from redlite.core.session_format import MISMATCH_REASONS
