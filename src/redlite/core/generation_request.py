@@ -15,6 +15,7 @@ from redlite.engine.base import SamplingParams, TokenLogprob
 
 if TYPE_CHECKING:
     from redlite.core.generation import Generator
+    from redlite.core.reuse import ReusePlan
 
 
 @dataclass
