@@ -6,24 +6,14 @@ client got them the next turn reuses the whole answer."""
 import json
 
 import anthropic
-import openai
 import pytest
 
-from sdk_app import EchoApp
+from test_responses_api import echo  # noqa: F401 - the in-process echo app fixture
+from test_responses_api import sdk as openai_sdk
 
 CALL = "<tool_call>\n" + json.dumps({"name": "shell", "arguments": {"cmd": ["ls"]}}) + "\n</tool_call>"
 SCHEMA = {"type": "object", "properties": {"cmd": {"type": "array", "items": {"type": "string"}}}}
 TOOLS = [{"type": "function", "name": "shell", "parameters": SCHEMA}]
-
-
-@pytest.fixture
-def echo():
-    with EchoApp() as app:
-        yield app
-
-
-def openai_sdk(app):
-    return openai.OpenAI(base_url=app.url + "/v1", api_key="dummy", http_client=app.client, max_retries=0)
 
 
 def respond(client, stream, **fields):
