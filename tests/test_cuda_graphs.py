@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from redlite.engine.cuda_graphs import GraphDecoder, bucket_spans, choose_span  # noqa: E402
+from redlite.engine.kernel_options import KernelOptions  # noqa: E402
 from redlite.engine.torch_engine import TorchEngine  # noqa: E402
 from redlite.layers.decode_ops import TorchDecodeOps  # noqa: E402
 from redlite.models.llama import LlamaModel  # noqa: E402
@@ -32,6 +33,9 @@ CONFIGS = {
     "qwen3_qk_norm": dict(BASE, model_type="qwen3", head_dim=32, tie_word_embeddings=False),
     "mistral_window": dict(BASE, model_type="mistral", sliding_window=8),
 }
+
+
+NO_CHUNKS = KernelOptions(chunk_graphs=False)  # short prefills token by token (not the chunk graphs)
 
 
 def make_model(kind: str, device="cpu", dtype=torch.float32, seed=0, **overrides) -> LlamaModel:
@@ -122,7 +126,7 @@ def test_short_prefill_through_the_decode_step_equals_eager_prefill():
     # graph_prefill_tokens: prefills that short run as decode steps (the static path on CPU)
     model = make_model("qwen3_qk_norm")
     eager = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=False)
-    stepped = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=True)
+    stepped = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=True, kernels=NO_CHUNKS)
     stepped.graph_prefill_tokens = 4
     for engine in (eager, stepped):
         engine.prefill(ids(10, seed=2))
@@ -141,7 +145,7 @@ def test_short_prefill_through_the_decode_step_equals_eager_prefill():
 def test_short_prefill_falls_back_to_eager_when_the_graph_step_fails():
     model = make_model("qwen3_qk_norm")
     eager = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=False)
-    stepped = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=True)
+    stepped = TorchEngine(model, ctx_size=48, device="cpu", cuda_graphs=True, kernels=NO_CHUNKS)
     stepped.graph_prefill_tokens = 8
     step, fed = stepped._graph_step, []
 

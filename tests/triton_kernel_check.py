@@ -91,6 +91,34 @@ def check_attention(device, dtype, tol, gen):
                     check_decode_write(name, got, want, got_cache, want_cache, cache, p, counters, tol)
 
 
+def check_chunk_attention(device, dtype, tol, gen):
+    """The chunk attention kernels (T tokens of one sequence at a device position) against
+    the reference op: output, the T cache rows written, every other row kept."""
+    from redlite.layers import triton_chunk_attention as tca
+
+    for heads, kv, dim, rotary, norm in ((8, 2, 64, 64, True), (4, 4, 64, 32, False), (6, 2, 32, 32, False)):
+        table = RotaryTable(rotary, 1.0 / (10000 ** (torch.arange(0, rotary, 2).float() / rotary)))
+        cos, sin = table.get(0, 300, device, dtype)
+        nw = (1 + 0.3 * torch.randn(heads + kv, dim, generator=gen)).to(device, dtype) if norm else None
+        cache = torch.randn(2, kv, 300, dim, generator=gen).to(device, dtype)
+        for n, p in ((1, 0), (5, 0), (16, 7), (37, 250), (8, 292)):
+            pos = torch.tensor([p], device=device)
+            qkv = torch.randn(n, (heads + 2 * kv) * dim, generator=gen).to(device, dtype)
+            for window in (None, 16):
+                want_cache = cache.clone()
+                want = REF.chunk_rope_attend(qkv, pos, cos, sin, nw, 1e-6, want_cache[0], want_cache[1], heads, kv,
+                                             dim, 300, window)
+                for splits, block_r in ((1, 64), (3, 16), (9, 64)):
+                    got_cache = cache.clone()
+                    got = tca.chunk_attention(qkv, pos, cos, sin, nw, 1e-6, got_cache[0], got_cache[1], heads, kv,
+                                              dim, window, splits, config={"block_r": block_r})
+                    name = f"chunk attention {heads}/{kv}/{dim}/{rotary} {n} at {p} window {window} splits {splits}"
+                    close(name, got, want, tol)
+                    close(name + " k/v rows", got_cache[:, :, p:p + n], want_cache[:, :, p:p + n], tol)
+                    assert torch.equal(got_cache[:, :, :p], cache[:, :, :p]), name + ": rows before changed"
+                    assert torch.equal(got_cache[:, :, p + n:], cache[:, :, p + n:]), name + ": rows after changed"
+
+
 def check_silu_mul(device, dtype, tol, gen):
     gu = torch.randn(2, 600, generator=gen).to(device, dtype)
     close("silu_mul", tk.silu_mul(gu, 300), REF.silu_mul(gu.clone(), 300), tol)
@@ -161,6 +189,7 @@ def main() -> None:
             check_gemv(device, dtype, tol, gen)
             if not (interpreted and dtype != torch.float32):
                 check_attention(device, dtype, tol, gen)
+                check_chunk_attention(device, dtype, tol, gen)
             if device.type == "cuda" and tg.pdl_supported(device):
                 check_pdl(device, dtype, gen)
         print(f"{device} {dtype}: ok", flush=True)

@@ -30,6 +30,9 @@ class KernelOptions:
     batches, equal to the lone step only up to rounding.
     ``heap_reuse``: on CPU, freed buffers stay in the C heap for the next ones (see
     :func:`redlite.engine.heap.reuse_freed_memory`; False: glibc's defaults).
+    ``chunk_graphs``: with ``cuda_graphs``, prefills of 2 to 64 tokens of a Llama-family model
+    replay a captured graph per chunk length (:mod:`redlite.engine.chunk_graphs`; False: an
+    eager forward pass, or token by token through the decode graph).
     ``kv_dtype``: what the KV cache holds, ``"auto"`` (the model's dtype), ``"float32"`` or
     ``"float16"`` (see :mod:`redlite.engine.kv_dtype`)."""
 
@@ -42,6 +45,7 @@ class KernelOptions:
     batch_invariant: bool = False
     heap_reuse: bool = True
     kv_dtype: str = "auto"
+    chunk_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.pdl not in (None, 0, 1, 2):
@@ -55,6 +59,9 @@ def add_kernel_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("kernels (defaults are the fast paths)")
     group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                        help="on CUDA, decode through captured CUDA graphs (--no-cuda-graphs: eager)")
+    group.add_argument("--chunk-graphs", action=argparse.BooleanOptionalAction, default=True,
+                       help="on CUDA, prefills of 2-64 tokens (a turn's new tail) replay a captured "
+                            "graph per chunk length (Llama family; --no-chunk-graphs: eager)")
     group.add_argument("--triton", action=argparse.BooleanOptionalAction, default=True,
                        help="on CUDA, the fused Triton decode kernels (--no-triton: torch ops)")
     group.add_argument("--pdl", type=int, choices=[0, 1, 2], default=None,

@@ -85,6 +85,7 @@ class TorchEngine(TorchGraphs, TorchRanges, TorchCheckpoints, Engine):
         self._use_graphs = graphs and hasattr(self.state, "cache")
         self.device_resident = self.device.type != "cpu"
         self._graph_decoder = None
+        self._chunk_graphs = None
         if self.device.type == "cpu" and self.kernels.heap_reuse:
             reuse_freed_memory()
         if self.device.type == "cpu" and hasattr(model, "_fused") and model._fused() is not None:
@@ -123,6 +124,8 @@ class TorchEngine(TorchGraphs, TorchRanges, TorchCheckpoints, Engine):
         ids = torch.as_tensor(token_ids, dtype=torch.long)
         if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
             raise EngineError(f"token id out of range [0, {self.vocab_size})")
+        if self._use_graphs and n_new >= 2 and (logits := self._chunk_prefill(token_ids)) is not None:
+            return logits
         done = 0
         if self._use_graphs and n_new <= self.graph_prefill_tokens:
             with torch.inference_mode():

@@ -2,7 +2,8 @@
 graph decoder it builds on first use, capture, the fall-back to eager decode when a capture
 fails, the device token stream, and the pool-wide settings the start-up warm-up measures
 (``graph_prefill_tokens``, ``checkpoint_min_piece``). Expects the engine's ``model``,
-``state``, ``kernels``, ``_use_graphs``, ``_graph_decoder`` and ``_shared``."""
+``state``, ``kernels``, ``_use_graphs``, ``_graph_decoder``, ``_chunk_graphs`` (None: not
+built yet; False: none) and ``_shared``."""
 
 from __future__ import annotations
 
@@ -68,20 +69,64 @@ class TorchGraphs:
 
     def capture_graphs(self) -> int:
         """Capture every graph of the decoder now, warming up at ``n_past`` (see
-        :meth:`GraphDecoder.capture_all`); returns how many. 0 when decoding eagerly; a capture
+        :meth:`GraphDecoder.capture_all`), and the short-prefill graphs
+        (:meth:`ChunkGraphs.capture_all`); returns how many. 0 when decoding eagerly; a capture
         failure is logged and the eager path serves from then on."""
         decoder = self.graph_decoder()
         if decoder is None:
             return 0
         try:
-            return decoder.capture_all()
+            captured = decoder.capture_all()
         except Exception:  # noqa: BLE001 - as in _graph_step
             self._graphs_failed("capture")
             return 0
+        chunks = self.chunk_graphs()
+        if chunks is not None:
+            try:
+                captured += chunks.capture_all()
+            except Exception:  # noqa: BLE001 - as in _chunk_prefill
+                self._chunks_failed()
+        return captured
+
+    def chunk_graphs(self):
+        """The :class:`~redlite.engine.chunk_graphs.ChunkGraphs` of this engine's decoder (built
+        on first use) when the decoder serves, ``kernels.chunk_graphs`` is on and the model
+        has a chunk step (:func:`~redlite.models.chunk_step.supports_chunk`); else None."""
+        if self._chunk_graphs is None:
+            from redlite.models.chunk_step import supports_chunk
+
+            decoder = self.graph_decoder() if self.kernels.chunk_graphs else None
+            if decoder is None or not supports_chunk(self.model):
+                self._chunk_graphs = False
+                return None
+            from redlite.engine.chunk_graphs import ChunkGraphs
+
+            self._chunk_graphs = ChunkGraphs(decoder)
+        return self._chunk_graphs or None
+
+    def _chunk_prefill(self, token_ids) -> torch.Tensor | None:
+        """Logits ``[vocab]`` of a short prefill through :meth:`chunk_graphs` (``n_past``
+        advanced), or None when it does not serve this prefill (nothing changed) or fails
+        (logged; short prefills run eagerly from then on)."""
+        chunks = self.chunk_graphs()
+        if chunks is None or not chunks.fits(len(token_ids)):
+            return None
+        try:
+            with torch.inference_mode():
+                logits = chunks.prefill(token_ids)
+        except Exception:  # noqa: BLE001 - any capture trouble: the eager prefill serves
+            self._chunks_failed()
+            return None
+        self.state.n_past += len(token_ids)
+        return logits[0].clone()
+
+    def _chunks_failed(self) -> None:
+        log.exception("short-prefill graphs failed; prefilling eagerly from now on")
+        self._chunk_graphs = False
 
     def _graphs_failed(self, what: str) -> None:
         log.exception("CUDA-graph decode failed (%s); decoding eagerly from now on", what)
-        self._use_graphs, self._graph_decoder = False, None
+        self._use_graphs, self._graph_decoder, self._chunk_graphs = False, None, False
 
     def _graph_step(self, token_id: int) -> torch.Tensor | None:
         """Logits [1, vocab] from the graph decoder, or None after disabling it when it fails

@@ -5,7 +5,8 @@ autotuned prefill kernels), loads attention kernels and picks cuBLAS algorithms,
 decoder captures its CUDA graphs. :func:`warm_up` does all of that at start-up, so the first
 request runs as fast as the hundredth: prefills of the shapes the generator feeds (a full
 chunk, a short odd-length one and one token, from an empty state and after held tokens), every
-graph of every span bucket and sampling mode (:meth:`GraphDecoder.capture_all`), a token
+graph of every span bucket and sampling mode (:meth:`GraphDecoder.capture_all`) and of every
+short-prefill chunk length (:class:`~redlite.engine.chunk_graphs.ChunkGraphs`), a token
 stream per mode, a checkpoint round trip for states that cannot rewind, one chat render
 (the tokenizer's template) and the tokenizer's table of token bytes (the reuse planner's, see
 :mod:`redlite.core.same_bytes`). The engine is reset afterwards.
@@ -75,12 +76,19 @@ def warm_up(engine, tokenizer=None, prefill_chunk: int = 512, devices=("cuda",))
 
 
 def _graph_prefill(engine, probe: int = 8, cap: int = 64) -> int:
-    """Measure an eager ``probe``-token prefill against ``probe`` graph decode steps (best of
+    """With chunk graphs (:meth:`TorchEngine.chunk_graphs`), set ``graph_prefill_tokens`` to 1.
+    Else measure an eager ``probe``-token prefill against ``probe`` graph decode steps (best of
     3, on a few held tokens) and set ``engine.graph_prefill_tokens`` to how many graph steps
     cost no more than the eager pass (at most ``cap``): on a GPU an eager pass of a few tokens
     is bound by its kernel launches, a replay is not. Returns it."""
     import torch
 
+    chunks = engine.chunk_graphs()
+    if chunks is not None:  # 2+ tokens replay a chunk graph; one token, the decode graph
+        engine.graph_prefill_tokens = 1
+        log.info("prefills of 2-%d tokens replay a captured graph per chunk length %s (%d graphs); one token, "
+                 "the decode graph", chunks.buckets[-1], chunks.buckets, chunks.n_graphs)
+        return 1
     ids = _ids(probe, engine.vocab_size)
     engine.graph_prefill_tokens = 0
 

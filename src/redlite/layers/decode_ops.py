@@ -120,6 +120,33 @@ class TorchDecodeOps:
         q = self.qk_rope_store(qkv, pos, cos, sin, norm_weight, eps, keys, values, n_heads, n_kv_heads, head_dim)
         return self.attention(q, keys, values, pos, span, window)
 
+    def chunk_rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          norm_weight: torch.Tensor | None, eps: float, keys: torch.Tensor, values: torch.Tensor,
+                          n_heads: int, n_kv_heads: int, head_dim: int, span: int,
+                          window: int | None) -> torch.Tensor:
+        """:meth:`rope_attend` of T consecutive tokens of one sequence: row t of ``qkv``
+        [T, (H + 2 KV) * D] at position ``pos + t`` (``pos`` LongTensor [1]); every k/v row is
+        written before attention, so token t sees rows ``0 .. pos + t`` (the last ``window``).
+        Reads rows ``< span`` (``span >= pos + T``). Returns [T, H * D]."""
+        n_tokens = qkv.shape[0]
+        positions = pos + torch.arange(n_tokens, device=qkv.device)
+        qk_dim = (n_heads + n_kv_heads) * head_dim
+        qk = qkv[:, :qk_dim].unflatten(-1, (n_heads + n_kv_heads, head_dim))
+        if norm_weight is not None:
+            qk = rms_norm(qk, norm_weight, eps)
+        qk = apply_rotary(qk, cos.index_select(0, positions), sin.index_select(0, positions))
+        v = qkv[:, qk_dim:].unflatten(-1, (n_kv_heads, head_dim))
+        keys.index_copy_(1, positions, qk[:, n_heads:].transpose(0, 1))
+        values.index_copy_(1, positions, v.transpose(0, 1))
+        slots = torch.arange(span, device=qkv.device)[None, :]
+        valid = slots <= positions[:, None]
+        if window is not None:
+            valid &= slots > positions[:, None] - window
+        q = qk[:, :n_heads].transpose(0, 1)[None]  # [1, H, T, D]
+        out = F.scaled_dot_product_attention(q, keys[None, :, :span], values[None, :, :span],
+                                             attn_mask=valid[None, None], enable_gqa=n_heads != n_kv_heads)
+        return out[0].transpose(0, 1).reshape(n_tokens, n_heads * head_dim)
+
     def batch_rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           norm_weight: torch.Tensor | None, eps: float, caches, layer: int, n_heads: int,
                           n_kv_heads: int, head_dim: int, span: int, window: int | None,
