@@ -10,7 +10,7 @@ launches:
   rotary at position ``pos + t``, q into a [T, H, D] buffer, k and v into the cache at
   ``pos + t``. All rows are written before any is read, so token t sees tokens ``< t`` of
   its own chunk.
-* :func:`_chunk_attention_kernel` (KV heads x key slices x row blocks): the rows of a
+* :func:`_chunk_attention_kernel` (row blocks x KV heads x key slices): the rows of a
   program are (token, query head of this KV head) pairs; each row sees keys ``0 .. pos + t``
   (the last ``window`` of them with a sliding window). Partial outputs and log-sum-exps per
   slice ("flash decoding" with several queries).
@@ -63,9 +63,11 @@ def _chunk_qkv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, nw_ptr, q_ptr, k_ptr, 
 def _chunk_attention_kernel(q_ptr, pos_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, T, n_splits, window, qk_scale,
                             stride_kh, stride_kt, stride_vh, stride_vt, H: tl.constexpr, GROUP: tl.constexpr,
                             BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, IEEE: tl.constexpr):
-    kvh = tl.program_id(0)
-    split = tl.program_id(1)
-    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
+    # row blocks are the fastest grid axis: the programs reading one key slice run together
+    # and share its reads through L2
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     t = r // GROUP
     head = kvh * GROUP + r % GROUP
     rmask = t < T
@@ -158,7 +160,7 @@ def chunk_attention(qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor, sin
     lse = torch.empty(n_splits, n_tokens, n_heads, device=dev, dtype=torch.float32)
     rows = n_tokens * group
     block_r = max(16, min(cfg["block_r"], triton.next_power_of_2(rows)))
-    _chunk_attention_kernel[(n_kv_heads, n_splits, triton.cdiv(rows, block_r))](
+    _chunk_attention_kernel[(triton.cdiv(rows, block_r), n_kv_heads, n_splits)](
         q, pos, keys, values, o_part, lse, n_tokens, n_splits, int(window or td.NO_WINDOW),
         td.LOG2E / math.sqrt(head_dim), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
         H=n_heads, GROUP=group, BLOCK_R=block_r, BLOCK_N=cfg["block_n"], D=head_dim,

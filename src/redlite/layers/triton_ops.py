@@ -95,9 +95,8 @@ class TritonDecodeOps(TorchDecodeOps):
                           head_dim, span, window):
         from redlite.layers import triton_chunk_attention as tca
 
-        out = tca.chunk_attention(qkv.contiguous(), pos, cos, sin, norm_weight, eps, keys, values, n_heads,
-                                  n_kv_heads, head_dim, window, self.n_splits)
-        return out
+        return tca.chunk_attention(qkv.contiguous(), pos, cos, sin, norm_weight, eps, keys, values, n_heads,
+                                   n_kv_heads, head_dim, window, self.n_splits)
 
     def slot_table(self, states):
         return slot_table(states, self.counters.device, self._tables)
