@@ -6,8 +6,7 @@ its best), then of the routing kernel's warps (or no routing kernel: each gate/u
 against the bytes the step reads (router,
 shared expert, the 8 chosen experts); then the best with PDL, and with PDL each combination of
 ``VARIANTS`` (the gate/up kernel's shared block and the down kernel's weight reads before
-their waits, ``early``; routing in the router product's last program, ``in-router``; the
-bitonic top-k) with the down settings of ``DOWN_PDL``, then with the best of those the
+their waits, ``early``) with the down settings of ``DOWN_PDL``, then with the best of those the
 ``ISOLATE`` rows (one early read alone) and the gate/up settings of ``GATE_UP_PDL``; then the
 kernel split of the best (µs and GB/s per kernel). One process, about a minute.
 
@@ -37,13 +36,11 @@ ROUTE_WARPS = [1, 2, 4, 0]  # 0: no routing kernel, each gate/up program routes
 ROUTER = [None, (1, 2048, 4, 1, 0), (2, 2048, 4, 1, 0), (1, 2048, 8, 1, 0), (2, 1024, 4, 1, 0)]  # gemv settings
 DOWN_PDL = [(2, 256, 2), (1, 512, 2), (2, 512, 4), (4, 512, 4)]  # down settings also tried in the PDL variants
 GATE_UP_PDL = [(2, 2048, 4, 3), (4, 2048, 4, 2)]  # gate/up settings tried with the best of those
-#: moe_step options: the plain rows and the first PDL row take OLD (the kernels as before
-#: the early reads); the PDL variants are NEW and these changes of it, by name
-OLD = dict(route_in_router=False, down_early=False, gate_up_early=False, bitonic=False)
-NEW = dict(route_in_router=False, down_early=True, gate_up_early=True, bitonic=False)
-VARIANTS = {"early": {}, "early bitonic": dict(bitonic=True), "early in-router": dict(route_in_router=True),
-            "early in-router bitonic": dict(route_in_router=True, bitonic=True),
-            "early in-gate-up bitonic": dict(bitonic=True, route_warps=0)}  # route_warps 0: routing in gate/up
+#: moe_step options: the plain rows and the first PDL rows take OLD (no early reads); the
+#: PDL variants are NEW and these changes of it, by name (route_warps 0: routing in gate/up)
+OLD = dict(down_early=False, gate_up_early=False)
+NEW = dict(down_early=True, gate_up_early=True)
+VARIANTS = {"early": {}, "early in-gate-up": dict(route_warps=0)}
 ISOLATE = {"down-early only": dict(gate_up_early=False), "gate/up-early only": dict(down_early=False)}
 
 
@@ -75,12 +72,10 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         say(f"moe step {label:>34}: {us:7.2f} us/layer  {row['GBps']:6.0f} GB/s  "
             f"{row['pct_of_copy_bw'] or float('nan'):5.1f}% of copy bandwidth")
 
-    counters = torch.zeros(1, dtype=torch.int32, device=device)
-
     def triton_step(gu, down, pdl, warps=None, options=None):  # warps 0: routing in gate/up
         return lambda m, x, nw: triton_moe.moe_step(x, nw, 1e-6, m, pdl=pdl, gate_up_config=gu, down_config=down,
                                                     route_warps=warps or None, route_in_gate_up=warps == 0,
-                                                    counters=counters, **(options or OLD))
+                                                    **(options or OLD))
 
     def best_row():
         return min((r for r in rows if "gate_up" in r), key=lambda r: r["us_per_layer"])
@@ -159,8 +154,7 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         triton_moe.ROUTE_IN_GATE_UP = best["route_warps"] == 0
         triton_moe.ROUTE_WARPS = best["route_warps"] or triton_moe.ROUTE_WARPS
         opts = best.get("options", OLD)
-        triton_moe.ROUTE_IN_ROUTER, triton_moe.DOWN_EARLY = opts["route_in_router"], opts["down_early"]
-        triton_moe.GATE_UP_EARLY, triton_moe.BITONIC_TOP_K = opts["gate_up_early"], opts["bitonic"]
+        triton_moe.DOWN_EARLY, triton_moe.GATE_UP_EARLY = opts["down_early"], opts["gate_up_early"]
         say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}, route warps {best['route_warps']}, "
             f"router gemv {best['router'] or 'from its table'}, {opts}")
     return rows
@@ -170,7 +164,7 @@ def kernel_bytes(moe) -> dict[str, int]:
     """Bytes each kernel of the step reads from weights (by kernel-name prefix)."""
     h, e, k = moe.gates_weight.shape[1], moe.num_experts, moe.top_k
     size = moe.gates_weight.element_size()
-    return {"_gemv_kernel": size * h * (e + 1), "_router_kernel": size * h * (e + 1), "_gate_up_kernel": size * 2 * h * (k * moe.inter + moe.shared.inter),
+    return {"_gemv_kernel": size * h * (e + 1), "_gate_up_kernel": size * 2 * h * (k * moe.inter + moe.shared.inter),
             "_down_kernel": size * h * (k * moe.inter + moe.shared.inter)}
 
 

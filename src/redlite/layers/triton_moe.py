@@ -14,11 +14,14 @@ device, so the step stays inside the CUDA graph):
 * :func:`_gate_up_kernel`: per row block of one chosen expert's fused gate/up weight (or of
   the shared expert's; one program each, or a fixed number striding over them),
   ``silu(gate) * up`` of the RMS-normalised ``x`` (norm fused in) into row ``slot`` of the
-  activation buffer [k + 1, max(I, Is)] (the shared expert's is row ``k``). Only the chosen experts' weights are read;
+  activation buffer [k + 1, max(I, Is)] (the shared expert's is row ``k``; with PDL each
+  program's first shared block is computed before it waits for the routing). Only the
+  chosen experts' weights are read;
 * :func:`_down_kernel`: per block of output rows, the routed experts' down products weighted
   by their routing weights (all experts' ids read at once, then one gather of every expert's
-  rows per column step, so their loads are in flight together), plus the gated shared
-  expert's, added to the residual in place.
+  rows per column step, so their loads are in flight together; with PDL the ids and the first
+  gather are read before it waits for the gate/up kernel), plus the gated shared expert's,
+  added to the residual in place.
 
 Rounding follows the torch reference (:meth:`SparseMoE.forward` through
 :meth:`redlite.layers.decode_ops.TorchDecodeOps.moe`): each product rounded to the model
@@ -31,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from redlite.layers.triton_gemv import PLAIN, _load_tile, _row_block, _sm_count, _x_tile, gemv, gemv_config, pdl_sync
+from redlite.layers.triton_gemv import _load_tile, _row_block, _sm_count, _x_tile, gemv, pdl_sync
 
 #: (block_n, block_k, num_warps, programs_per_sm) of the gate/up kernel (programs_per_sm 0:
 #: one program per row block, else that many per multiprocessor stride over the blocks) and
@@ -44,47 +47,36 @@ DOWN_CONFIG = (2, 256, 2)
 ROUTE_WARPS = 1
 #: route inside the gate/up kernel instead of a routing kernel of its own (see :func:`moe_step`)
 ROUTE_IN_GATE_UP = False
-#: with counters given to :func:`moe_step`, the router product's last program routes
-ROUTE_IN_ROUTER = False
 #: the down kernel reads the routing and the chosen experts' first weight tiles before it waits
 #: for the gate/up kernel (see :func:`moe_step`)
 DOWN_EARLY = True
 #: each gate/up program computes its first block of the shared expert before it waits for the
 #: routing (see :func:`moe_step`)
 GATE_UP_EARLY = True
-#: the routing's top-k by a bitonic top-k instead of one maximum per pick (the same result)
-BITONIC_TOP_K = False
 MAX_EXPERTS = 1024
 REGISTERS_PER_SM = 65536
 
 
 @triton.jit
 def _top_k(logits_ptr, E, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_TK: tl.constexpr,
-           NORM_TOPK: tl.constexpr, BITONIC: tl.constexpr = False):
+           NORM_TOPK: tl.constexpr):
     """Expert ids [BLOCK_TK] int32 and routing weights [BLOCK_TK] float32 of the ``TOP_K``
-    largest softmax probabilities (ties to the lower id); slots past ``TOP_K`` hold 0. The
-    same either way: ``BITONIC`` (only with ``BLOCK_TK`` > 1) a bitonic top-k, else ``TOP_K``
-    maxima one after another."""
+    largest softmax probabilities (ties to the lower id); slots past ``TOP_K`` hold 0."""
     es = tl.arange(0, BLOCK_E)
     js = tl.arange(0, BLOCK_TK)
-    logit = tl.load(logits_ptr + es, mask=es < E, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
+    logit = tl.load(logits_ptr + es, mask=es < E, other=float("-inf")).to(tl.float32)
     p = tl.exp(logit - tl.max(logit, axis=0))
     p = p / tl.sum(p, axis=0)
-    # a probability's bits (>= 0: ordered as integers) above the inverted id: distinct keys
+    # one max per pick: a probability's bits (>= 0: ordered as integers) above the inverted id
     key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - es).to(tl.int64)
     key = tl.where(es < E, key, -1)
-    if BITONIC:  # the largest BLOCK_TK keys (descending) by a bitonic top-k
-        top = tl.topk(key, BLOCK_TK)
-        ids = tl.where(js < TOP_K, BLOCK_E - 1 - (top & 0xFFFFFFFF).to(tl.int32), 0)
-        ws = tl.where(js < TOP_K, (top >> 32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
-    else:  # one max per pick
-        ids = tl.zeros([BLOCK_TK], tl.int32)
-        ws = tl.zeros([BLOCK_TK], tl.float32)
-        for j in tl.static_range(TOP_K):
-            top = tl.max(key, axis=0)
-            ids = tl.where(js == j, BLOCK_E - 1 - (top & 0xFFFFFFFF).to(tl.int32), ids)
-            ws = tl.where(js == j, (top >> 32).to(tl.int32).to(tl.float32, bitcast=True), ws)
-            key = tl.where(key == top, -1, key)
+    ids = tl.zeros([BLOCK_TK], tl.int32)
+    ws = tl.zeros([BLOCK_TK], tl.float32)
+    for j in tl.static_range(TOP_K):
+        top = tl.max(key, axis=0)
+        ids = tl.where(js == j, BLOCK_E - 1 - (top & 0xFFFFFFFF).to(tl.int32), ids)
+        ws = tl.where(js == j, (top >> 32).to(tl.int32).to(tl.float32, bitcast=True), ws)
+        key = tl.where(key == top, -1, key)
     if NORM_TOPK:
         ws = ws / tl.sum(ws, axis=0)
     return ids, ws
@@ -92,11 +84,11 @@ def _top_k(logits_ptr, E, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_TK: 
 
 @triton.jit
 def _route_kernel(logits_ptr, route_ptr, E, TOP_K: tl.constexpr, NORM_TOPK: tl.constexpr, BLOCK_E: tl.constexpr,
-                  BLOCK_TK: tl.constexpr, PDL: tl.constexpr, BITONIC: tl.constexpr = False):
+                  BLOCK_TK: tl.constexpr, PDL: tl.constexpr):
     # route_ptr (float32, 2 * BLOCK_TK + 1): expert ids, their weights, sigmoid(shared gate)
     pdl_sync(PDL)
     js = tl.arange(0, BLOCK_TK)
-    ids, ws = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TK, NORM_TOPK, BITONIC)
+    ids, ws = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TK, NORM_TOPK)
     _store_route(logits_ptr, route_ptr, E, ids, ws, js, BLOCK_TK)
 
 
@@ -104,40 +96,8 @@ def _route_kernel(logits_ptr, route_ptr, E, TOP_K: tl.constexpr, NORM_TOPK: tl.c
 def _store_route(logits_ptr, route_ptr, E, ids, ws, js, BLOCK_TK: tl.constexpr):
     tl.store(route_ptr + js, ids.to(tl.float32))
     tl.store(route_ptr + BLOCK_TK + js, ws)
-    g = tl.load(logits_ptr + E, cache_modifier=".cg")
+    g = tl.load(logits_ptr + E)
     tl.store(route_ptr + 2 * BLOCK_TK, 1.0 / (1.0 + tl.exp(-g)))
-
-
-@triton.jit
-def _router_kernel(w_ptr, x_ptr, nw_ptr, logits_ptr, route_ptr, count_ptr, E, K, eps, n_blocks, TOP_K: tl.constexpr,
-                   NORM_TOPK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TK: tl.constexpr, ZC: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, BITONIC: tl.constexpr = False):
-    # the router product as _gemv_kernel (norm fused, float32 logits of E + 1 rows); the last
-    # program to finish (count_ptr, reset by it) routes
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    ks = tl.arange(0, BLOCK_K)
-    dt = w_ptr.dtype.element_ty
-    w, w_up = _load_tile(w_ptr, pid, E + 1, K, 0, ks, BLOCK_N, 0)
-    pdl_sync(PDL)
-    sumsq = tl.zeros([BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        xs = tl.load(x_ptr + k0 + ks, mask=k0 + ks < K, other=0.0).to(tl.float32)
-        sumsq += xs * xs
-    rstd = 1.0 / tl.sqrt(tl.sum(sumsq, axis=0) / K + eps)
-    x0 = _x_tile(x_ptr, nw_ptr, 0, ks, K, rstd, True, ZC, dt)
-    for block in range(pid, n_blocks, step):
-        w_next, w_up_next = _load_tile(w_ptr, block + step, E + 1, K, 0, ks, BLOCK_N, 0)
-        _row_block(w, w_up, x0, block, w_ptr, x_ptr, nw_ptr, x_ptr, logits_ptr, E + 1, K, rstd, ks,
-                   True, ZC, False, 0, True, BLOCK_N, BLOCK_K, dt)
-        w, w_up = w_next, w_up_next
-    tl.debug_barrier()
-    done = tl.atomic_add(count_ptr, 1, sem="acq_rel")
-    if done == step - 1:
-        js = tl.arange(0, BLOCK_TK)
-        ids, ws = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TK, NORM_TOPK, BITONIC)
-        _store_route(logits_ptr, route_ptr, E, ids, ws, js, BLOCK_TK)
-        tl.atomic_xchg(count_ptr, 0)
 
 
 @triton.jit
@@ -164,6 +124,7 @@ def _gu_tile(gu_ptr, sgu_ptr, ids, js, block, n_blocks, nb_s, nb_r, H, I, IS, ks
 
 @triton.jit
 def _rstd(x_ptr, H, eps, ks, BLOCK_K: tl.constexpr, CG: tl.constexpr):
+    """1 / RMS of the row ``x`` [H] (float32; ``CG``: read through L2)."""
     sumsq = tl.zeros(ks.shape, tl.float32)
     for k0 in range(0, H, BLOCK_K):
         if CG:
@@ -179,7 +140,7 @@ def _gate_up_kernel(x_ptr, nw_ptr, route_ptr, gu_ptr, sgu_ptr, act_ptr, H, I, IS
                     TOP_K: tl.constexpr, BLOCK_TK: tl.constexpr, ZC: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, STRIDED: tl.constexpr, PDL: tl.constexpr, logits_ptr=None, E=0,
                     ROUTE: tl.constexpr = False, NORM_TOPK: tl.constexpr = False, BLOCK_E: tl.constexpr = 1,
-                    EARLY: tl.constexpr = False, BITONIC: tl.constexpr = False):
+                    EARLY: tl.constexpr = False):
     # one program per row block, or (STRIDED) programs stride over the blocks, each loading its
     # next block's first tile before working on the current one; the shared expert's first
     # tiles are read before waiting, and (EARLY: x is final before the wait) its first block
@@ -200,7 +161,7 @@ def _gate_up_kernel(x_ptr, nw_ptr, route_ptr, gu_ptr, sgu_ptr, act_ptr, H, I, IS
             first = pid + step
     pdl_sync(PDL)
     if ROUTE:  # every program routes from the router logits; program 0 writes the routing for the down kernel
-        ids32, ws = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TK, NORM_TOPK, BITONIC)
+        ids32, ws = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TK, NORM_TOPK)
         ids = ids32.to(tl.int64)
         if pid == 0:
             _store_route(logits_ptr, route_ptr, E, ids32, ws, js, BLOCK_TK)
@@ -300,9 +261,7 @@ def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_c
              pdl: int = 0, gate_up_config: tuple[int, int, int, int] | None = None,
              down_config: tuple[int, int, int] | None = None, configs=None,
              route_warps: int | None = None, route_in_gate_up: bool | None = None,
-             counters: torch.Tensor | None = None, route_in_router: bool | None = None,
-             down_early: bool | None = None, gate_up_early: bool | None = None,
-             bitonic: bool | None = None) -> torch.Tensor:
+             down_early: bool | None = None, gate_up_early: bool | None = None) -> torch.Tensor:
     """``x += moe(rms_norm(x))`` in place for one token: ``x`` [1, H] contiguous (the residual
     stream), ``norm_weight`` [H] the block's input norm (``zero_centered``: the Qwen3.5 form),
     ``moe`` a :class:`~redlite.layers.moe.SparseMoE` in x's dtype. Four launches (router
@@ -312,45 +271,29 @@ def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_c
     router product's GEMV table (:func:`redlite.layers.triton_gemv.gemv_config`).
     ``route_in_gate_up`` (default ``ROUTE_IN_GATE_UP``): every gate/up program routes for
     itself and the first one writes the routing for the down kernel (three launches).
-    ``counters`` (int32 [1] on x's device, zero; the kernel leaves it zero; one step at a time
-    may use it) and ``route_in_router`` (default ``ROUTE_IN_ROUTER``), not routing in gate/up:
-    the router product's last program to finish routes (three launches:
-    :func:`_router_kernel`, gate/up, down). ``down_early`` (default ``DOWN_EARLY``;
-    only with ``pdl`` 0 or 1 and a routing written before the gate/up kernel): the down kernel
-    reads the routing and the chosen experts' first weight tiles before it waits for the
-    gate/up kernel, which may let it launch only after its own wait, when the routing is
-    complete. ``gate_up_early`` (default ``GATE_UP_EARLY``; only with ``pdl`` 0 or 1): the
-    gate/up programs normalise ``x`` and compute their first block of the shared expert
-    before they wait, as ``x`` was final once the kernel before last completed. ``bitonic``
-    (default ``BITONIC_TOP_K``): the top-k's method (the same result).
+
+    Early reads (``pdl`` 0 or 1 only: with 1 each kernel lets the next launch only after its
+    own wait, so when a kernel starts, the kernel before the previous one has completed):
+    ``down_early`` (default ``DOWN_EARLY``; not with ``route_in_gate_up``): the down kernel
+    reads the routing (through L2) and the chosen experts' first weight tiles before it waits
+    for the gate/up kernel; ``gate_up_early`` (default ``GATE_UP_EARLY``): each gate/up
+    program normalises ``x`` (through L2) and computes its first block of the shared expert
+    before it waits for the routing. Same results either way.
     """
     h = x.shape[-1]
     e, k, inter, s_inter = moe.num_experts, moe.top_k, moe.inter, moe.shared.inter
+    logits = gemv(x, moe.gates_weight, None, norm_weight=norm_weight, eps=eps, out_float32=True, pdl=pdl,
+                  zero_centered=zero_centered, configs=configs)
     i_max = max(inter, s_inter)
     block_tk = triton.next_power_of_2(k)
     route = torch.empty(2 * block_tk + 1, device=x.device, dtype=torch.float32)
     act = torch.empty(k + 1, i_max, device=x.device, dtype=x.dtype)
     extra = {"launch_pdl": True} if pdl else {}
-    bitonic = (BITONIC_TOP_K if bitonic is None else bool(bitonic)) and block_tk > 1
     fused = ROUTE_IN_GATE_UP if route_in_gate_up is None else bool(route_in_gate_up)
-    in_router = ROUTE_IN_ROUTER if route_in_router is None else bool(route_in_router)
-    if counters is not None and in_router and not fused:
-        logits = torch.empty(e + 1, device=x.device, dtype=torch.float32)
-        bn, bk, warps, stages, per_sm = gemv_config(PLAIN, e + 1, h, configs)
-        n_blocks = triton.cdiv(e + 1, bn)
-        programs = min(n_blocks, per_sm * _sm_count(x.device)) if per_sm else n_blocks
-        _router_kernel[(programs,)](
-            moe.gates_weight, x, norm_weight, logits, route, counters, e, h, float(eps), n_blocks, TOP_K=k,
-            NORM_TOPK=bool(moe.norm_topk_prob), BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk,
-            ZC=bool(zero_centered), BLOCK_N=bn, BLOCK_K=bk, PDL=int(pdl), BITONIC=bitonic, num_warps=warps,
-            num_stages=stages, **extra)
-    else:
-        logits = gemv(x, moe.gates_weight, None, norm_weight=norm_weight, eps=eps, out_float32=True, pdl=pdl,
-                      zero_centered=zero_centered, configs=configs)
-        if not fused:
-            _route_kernel[(1,)](logits, route, e, TOP_K=k, NORM_TOPK=bool(moe.norm_topk_prob),
-                                BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl),
-                                BITONIC=bitonic, num_warps=route_warps or ROUTE_WARPS, **extra)
+    if not fused:
+        _route_kernel[(1,)](logits, route, e, TOP_K=k, NORM_TOPK=bool(moe.norm_topk_prob),
+                            BLOCK_E=triton.next_power_of_2(e), BLOCK_TK=block_tk, PDL=int(pdl),
+                            num_warps=route_warps or ROUTE_WARPS, **extra)
     bn, bk, warps, per_sm = gate_up_config or GATE_UP_CONFIG
     nb_s, nb_r = triton.cdiv(s_inter, bn), triton.cdiv(inter, bn)
     n_blocks = nb_s + k * nb_r
@@ -363,7 +306,7 @@ def moe_step(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe, zero_c
         BLOCK_K=min(bk, triton.next_power_of_2(h)), STRIDED=bool(per_sm), PDL=int(pdl), logits_ptr=logits, E=e,
         ROUTE=fused, NORM_TOPK=bool(moe.norm_topk_prob), BLOCK_E=triton.next_power_of_2(e),
         EARLY=(GATE_UP_EARLY if gate_up_early is None else bool(gate_up_early)) and int(pdl) in (0, 1),
-        BITONIC=bitonic, num_warps=warps, **regs, **extra)
+        num_warps=warps, **regs, **extra)
     early = (DOWN_EARLY if down_early is None else bool(down_early)) and not fused and int(pdl) in (0, 1)
     bn, bi, warps = down_config or DOWN_CONFIG
     _down_kernel[(triton.cdiv(h, bn),)](

@@ -48,8 +48,6 @@ class TritonDecodeOps(TorchDecodeOps):
         self.counters = torch.zeros(n_kv_heads, dtype=torch.int32, device=device)
         # finished-program counts of the Gated DeltaNet step, one per key head (it resets them)
         self.gdn_counters = torch.zeros(triton_gdn.MAX_KEY_HEADS, dtype=torch.int32, device=device)
-        # finished-program count of the MoE router product (it resets it)
-        self.moe_counters = torch.zeros(1, dtype=torch.int32, device=device)
         self._tables: dict = {}  # address tables of batched steps, by addresses
         self.fused_gemv = bool(fused_gemv)
         self.batch_invariant = bool(batch_invariant) and self.fused_gemv
@@ -124,8 +122,7 @@ class TritonDecodeOps(TorchDecodeOps):
 
         if not (self.fused_gemv and triton_moe.supported(moe)):
             return super().moe(x, norm_weight, eps, moe, zero_centered)
-        return triton_moe.moe_step(x, norm_weight, eps, moe, zero_centered, pdl=self.pdl, configs=self.configs,
-                                   counters=self.moe_counters)
+        return triton_moe.moe_step(x, norm_weight, eps, moe, zero_centered, pdl=self.pdl, configs=self.configs)
 
     def gdn_step(self, proj, conv_state, recurrent_state, mixer):
         from redlite.layers import triton_gdn
