@@ -236,7 +236,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), help="default: 9b on CUDA, 0.8b elsewhere")
     parser.add_argument("--decode-tokens", type=int, default=None)
     parser.add_argument("--skip", default="", help="comma-separated: hf,hf-compile,hf-generate,hf-prefill,"
-                        "decode,split,prefill,fork")
+                        "decode,split,prefill,fork,moe-tune (the MoE step keeps triton_moe's default settings)")
     parser.add_argument("--profile-fork", help="write a torch.profiler table of one reuse fork to this file")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -264,7 +264,7 @@ def main() -> None:
     if "hf" in skip:
         del hf
         hf = None
-    if cuda and SHAPES[shape].get("num_experts"):
+    if cuda and SHAPES[shape].get("num_experts") and "moe-tune" not in skip:
         section("moe step tune", moe_step_tune, R, model, device)
     sizes = R["meta"]["sizes"] = model_sizes(model)
     contexts = ([1024, 8192] if "num_experts" in SHAPES[shape] else [1024, 8192, 32768]) if cuda else [256, 1024]

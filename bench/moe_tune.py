@@ -4,8 +4,11 @@ graph of one step per layer over distinct layers (so no weight comes from L2), f
 of settings of the down kernel (gate/up at its default), then of the gate/up kernel (down at
 its best), then of the routing kernel's warps (or no routing kernel: each gate/up program routes), then of the router product's GEMV (None: its table's),
 against the bytes the step reads (router,
-shared expert, the 8 chosen experts); then the best with PDL and the kernel split (µs and
-GB/s per kernel). One process, about a minute.
+shared expert, the 8 chosen experts); then the best with PDL, and with PDL each combination of
+``VARIANTS`` (the gate/up kernel's shared block and the down kernel's weight reads before
+their waits, ``early``) with the down settings of ``DOWN_PDL``, then with the best of those the
+``ISOLATE`` rows (one early read alone) and the gate/up settings of ``GATE_UP_PDL``; then the
+kernel split of the best (µs and GB/s per kernel). One process, about a minute.
 
 Usage: ``PYTHONPATH=src python3 bench/moe_tune.py [--out FILE.json]``; bench/hybrid.py runs
 :func:`sweep` on the 35b-a3b model's own layers before it captures the decode graph.
@@ -31,6 +34,14 @@ DOWN = [(4, 512, 4), (4, 512, 8), (2, 512, 4), (1, 512, 4), (8, 512, 8), (4, 256
         (2, 256, 2)]  # (block_n, block_i, num_warps)
 ROUTE_WARPS = [1, 2, 4, 0]  # 0: no routing kernel, each gate/up program routes
 ROUTER = [None, (1, 2048, 4, 1, 0), (2, 2048, 4, 1, 0), (1, 2048, 8, 1, 0), (2, 1024, 4, 1, 0)]  # gemv settings
+DOWN_PDL = [(2, 256, 2), (1, 512, 2), (2, 512, 4), (4, 512, 4)]  # down settings also tried in the PDL variants
+GATE_UP_PDL = [(2, 2048, 4, 3), (4, 2048, 4, 2)]  # gate/up settings tried with the best of those
+#: moe_step options: the plain rows and the first PDL rows take OLD (no early reads); the
+#: PDL variants are NEW and these changes of it, by name (route_warps 0: routing in gate/up)
+OLD = dict(down_early=False, gate_up_early=False)
+NEW = dict(down_early=True, gate_up_early=True)
+VARIANTS = {"early": {}, "early in-gate-up": dict(route_warps=0)}
+ISOLATE = {"down-early only": dict(gate_up_early=False), "gate/up-early only": dict(down_early=False)}
 
 
 def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> list[dict]:
@@ -61,9 +72,10 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         say(f"moe step {label:>34}: {us:7.2f} us/layer  {row['GBps']:6.0f} GB/s  "
             f"{row['pct_of_copy_bw'] or float('nan'):5.1f}% of copy bandwidth")
 
-    def triton_step(gu, down, pdl, warps=None):  # warps 0: routing inside the gate/up kernel
+    def triton_step(gu, down, pdl, warps=None, options=None):  # warps 0: routing in gate/up
         return lambda m, x, nw: triton_moe.moe_step(x, nw, 1e-6, m, pdl=pdl, gate_up_config=gu, down_config=down,
-                                                    route_warps=warps or None, route_in_gate_up=warps == 0)
+                                                    route_warps=warps or None, route_in_gate_up=warps == 0,
+                                                    **(options or OLD))
 
     def best_row():
         return min((r for r in rows if "gate_up" in r), key=lambda r: r["us_per_layer"])
@@ -104,11 +116,36 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         for route in dict.fromkeys([warps, 0 if warps else triton_moe.ROUTE_WARPS or 1]):  # both routings with PDL
             measure(f"gate/up {gu} down {down} route {route} router {router} pdl 1", triton_step(gu, down, 1, route),
                     gate_up=gu, down=down, route_warps=route, router=router, pdl=1)
+        route = warps or triton_moe.ROUTE_WARPS or 1
+
+        def pdl_measure(g, d, name, options):
+            options = dict(options)
+            r = options.pop("route_warps", route)
+            label = f"gate/up {g} down {d} route {r} router {router} pdl 1 {name}"
+            try:
+                measure(label, triton_step(g, d, 1, r, options), gate_up=g, down=d, route_warps=r,
+                        router=router, pdl=1, options=options)
+            except Exception as error:  # noqa: BLE001 - a setting that does not compile
+                say(f"{label}: {type(error).__name__}: {error}")
+
+        if tuple(down) != tuple(DOWN_PDL[0]):
+            pdl_measure(gu, DOWN_PDL[0], "as before", OLD)
+        for d in dict.fromkeys([tuple(down)] + DOWN_PDL):
+            for name, change in VARIANTS.items():
+                pdl_measure(gu, d, name, {**NEW, **change})
         with_pdl = min((r for r in rows if r.get("pdl") == 1), key=lambda r: r["us_per_layer"])
-        best = {**best, "route_warps": with_pdl["route_warps"]}
-        warps = best["route_warps"]
+        options = with_pdl.get("options", OLD)
+        for name, change in ISOLATE.items():
+            pdl_measure(gu, with_pdl["down"], name, {**options, **change, "route_warps": with_pdl["route_warps"]})
+        for g in GATE_UP_PDL:
+            if tuple(g) != tuple(gu):
+                pdl_measure(g, with_pdl["down"], "as the best", {**options, "route_warps": with_pdl["route_warps"]})
+        with_pdl = min((r for r in rows if r.get("pdl") == 1), key=lambda r: r["us_per_layer"])
+        best = {**best, "gate_up": with_pdl["gate_up"], "route_warps": with_pdl["route_warps"],
+                "down": with_pdl["down"], "options": with_pdl.get("options", OLD)}
+        gu, warps, down = best["gate_up"], best["route_warps"], best["down"]
         try:
-            rows.append(kernel_split(layers, triton_step(gu, down, 0, warps), say))
+            rows.append(kernel_split(layers, triton_step(gu, down, 0, warps, best["options"]), say))
         except Exception as error:  # noqa: BLE001 - a profiler that does not run here
             say(f"moe step kernel split: {type(error).__name__}: {error}")
     set_router(best["router"] if apply else None)
@@ -116,8 +153,10 @@ def sweep(layers, device, bw: float | None, say=print, apply: bool = False) -> l
         triton_moe.GATE_UP_CONFIG, triton_moe.DOWN_CONFIG = tuple(best["gate_up"]), tuple(best["down"])
         triton_moe.ROUTE_IN_GATE_UP = best["route_warps"] == 0
         triton_moe.ROUTE_WARPS = best["route_warps"] or triton_moe.ROUTE_WARPS
+        opts = best.get("options", OLD)
+        triton_moe.DOWN_EARLY, triton_moe.GATE_UP_EARLY = opts["down_early"], opts["gate_up_early"]
         say(f"moe step settings: gate/up {best['gate_up']}, down {best['down']}, route warps {best['route_warps']}, "
-            f"router gemv {best['router'] or 'from its table'}")
+            f"router gemv {best['router'] or 'from its table'}, {opts}")
     return rows
 
 

@@ -1,6 +1,8 @@
 """Checks the fused Triton mixture-of-experts decode step against the torch reference op
 (:meth:`redlite.layers.decode_ops.TorchDecodeOps.moe`) on random inputs: the residual stream
-it updates in place, for several expert counts, top-k, widths and launch configurations.
+it updates in place, for several expert counts, top-k, widths and launch configurations, with
+and without the early reads; on CUDA also the early reads under programmatic dependent launch
+in a captured graph (:func:`check_pdl_graph`).
 
 Usage: ``python tests/triton_moe_check.py cpu`` (with ``TRITON_INTERPRET=1``, as
 ``tests/triton_kernel_check.py``, whose interpreter patch it reuses) or ``... cuda``. Exits
@@ -43,18 +45,64 @@ def check_moe_step(device, dtype, tol, gen):
             x = torch.randn(1, hidden, generator=gen).to(device, dtype)
             want = REF.moe(x.clone(), nw, 1e-6, moe)
             # the second steps through the columns (block_k / block_i below the row lengths) and
-            # its gate/up programs stride over the row blocks (one program per multiprocessor);
-            # the third and fourth route inside the gate/up kernel (no routing kernel); the last
-            # is the module's defaults
-            for gate_up, down, route_warps in (((4, 4096, 4, 0), (4, 512, 4), 1), ((2, 32, 8, 1), (8, 16, 2), 4),
-                                               ((4, 4096, 4, 0), (4, 512, 4), 0), ((2, 32, 8, 1), (8, 16, 2), 0),
-                                               (None, None, None)):
+            # its gate/up programs stride over the row blocks (one program per multiprocessor,
+            # fewer than the shared expert's blocks); the third and fourth route inside the
+            # gate/up kernel (the fourth computing no shared block early); the fifth and sixth
+            # read nothing early; the last is the module's defaults
+            small, strided = dict(gate_up_config=(4, 4096, 4, 0), down_config=(4, 512, 4)), \
+                dict(gate_up_config=(2, 32, 8, 1), down_config=(8, 16, 2))
+            for options in (dict(small, route_warps=1, route_in_gate_up=False),
+                            dict(strided, route_warps=4, route_in_gate_up=False),
+                            dict(small, route_in_gate_up=True),
+                            dict(strided, route_in_gate_up=True, gate_up_early=False),
+                            dict(small, route_in_gate_up=False, down_early=False, gate_up_early=False),
+                            dict(strided, route_in_gate_up=False, down_early=False, gate_up_early=False),
+                            dict()):
                 got = x.clone()
-                out = triton_moe.moe_step(got, nw, 1e-6, moe, gate_up_config=gate_up, down_config=down,
-                                          route_warps=route_warps or None,
-                                          route_in_gate_up=None if route_warps is None else route_warps == 0)
+                out = triton_moe.moe_step(got, nw, 1e-6, moe, **options)
                 assert out.data_ptr() == got.data_ptr(), "moe_step must update x in place"
-                close(f"moe step {case} token {step} configs {gate_up}/{down}", got, want, tol)
+                close(f"moe step {case} token {step} options {options}", got, want, tol)
+
+
+def check_pdl_graph(device, layers: int = 4, replays: int = 3):
+    """CUDA with programmatic dependent launch: the Qwen3.5-35B-A3B block shape (hidden 2048,
+    256 experts, top 8, widths 512) over ``layers`` distinct layers as one captured graph with
+    ``pdl`` 1 and the early reads, bitwise equal to plain launches without them, replay after
+    replay (an early read of data not yet written would show as a difference)."""
+    from redlite.layers.triton_gemv import pdl_supported
+
+    if not pdl_supported(device):
+        print(f"{device}: no programmatic dependent launch, pdl graph check skipped", flush=True)
+        return
+    dtype, dgen = torch.bfloat16, torch.Generator(device=device).manual_seed(1)
+    blocks = [SparseMoE(2048, 256, 8, 512, 512, True, device=device, dtype=dtype) for _ in range(layers)]
+    for moe in blocks:
+        for name, p in moe.named_parameters():
+            p.normal_(0.0, 0.05 if name == "gates_weight" else 0.02, generator=dgen)
+    norms = [0.3 * torch.randn(2048, generator=dgen, device=device, dtype=dtype) for _ in range(layers)]
+    x0 = torch.randn(1, 2048, generator=dgen, device=device, dtype=dtype)
+    for down in ((2, 256, 2), (1, 512, 2), (2, 512, 4)):
+        want = x0.clone()
+        for moe, nw in zip(blocks, norms):
+            triton_moe.moe_step(want, nw, 1e-6, moe, down_config=down, down_early=False, gate_up_early=False)
+        x = x0.clone()
+
+        def steps():
+            for moe, nw in zip(blocks, norms):
+                triton_moe.moe_step(x, nw, 1e-6, moe, pdl=1, down_config=down, down_early=True, gate_up_early=True)
+
+        steps()
+        torch.cuda.synchronize(device)
+        assert torch.equal(x, want), f"pdl eager (down {down}) differs from plain launches"
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            steps()
+        for replay in range(replays):
+            x.copy_(x0)
+            graph.replay()
+            torch.cuda.synchronize(device)
+            assert torch.equal(x, want), f"pdl graph (down {down}) replay {replay} differs from plain launches"
+    print(f"{device}: moe pdl graph ok", flush=True)
 
 
 def main() -> None:
@@ -66,6 +114,9 @@ def main() -> None:
         with torch.inference_mode():
             check_moe_step(device, dtype, tol, gen)
         print(f"{device} {dtype}: moe ok", flush=True)
+    if device.type == "cuda":
+        with torch.inference_mode():
+            check_pdl_graph(device)
 
 
 if __name__ == "__main__":

@@ -58,12 +58,17 @@ def pdl_sync(PDL: tl.constexpr):
 
 
 @triton.jit
-def _x_tile(x_ptr, nw_ptr, k0, ks, K, rstd, NORM: tl.constexpr, ZC: tl.constexpr, dt: tl.constexpr):
+def _x_tile(x_ptr, nw_ptr, k0, ks, K, rstd, NORM: tl.constexpr, ZC: tl.constexpr, dt: tl.constexpr,
+            CG: tl.constexpr = False):
     """Columns ``k0 + ks`` of the (normalised) input row as float32, rounded like torch
-    (``ZC``: the zero-centred Qwen3.5 norm, scaled by ``1 + w`` in float32 before rounding)."""
+    (``ZC``: the zero-centred Qwen3.5 norm, scaled by ``1 + w`` in float32 before rounding;
+    ``CG``: the row read through L2, for a read before the PDL wait)."""
     cols = k0 + ks
     kmask = cols < K
-    x = tl.load(x_ptr + cols, mask=kmask, other=0.0).to(tl.float32)
+    if CG:
+        x = tl.load(x_ptr + cols, mask=kmask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    else:
+        x = tl.load(x_ptr + cols, mask=kmask, other=0.0).to(tl.float32)
     if NORM:
         w = tl.load(nw_ptr + cols, mask=kmask, other=0.0).to(tl.float32)
         if ZC:
@@ -91,9 +96,10 @@ def _load_tile(w_ptr, block, N, K, k0, ks, BLOCK_N: tl.constexpr, MODE: tl.const
 @triton.jit
 def _row_block(w, w_up, x0, block, w_ptr, x_ptr, nw_ptr, b_ptr, out_ptr, N, K, rstd, ks,
                NORM: tl.constexpr, ZC: tl.constexpr, BIAS: tl.constexpr, MODE: tl.constexpr, OUT_F32: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dt: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, dt: tl.constexpr, CG: tl.constexpr = False):
     """Finish row block ``block`` from its first tile ``w``/``w_up`` and first input tile
-    ``x0``: the remaining column tiles, then the epilogue of the form MODE."""
+    ``x0``: the remaining column tiles, then the epilogue of the form MODE (``CG``: input
+    tiles read through L2, see :func:`_x_tile`)."""
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     acc = tl.sum(w.to(tl.float32) * x0[None, :], axis=1)
@@ -101,7 +107,7 @@ def _row_block(w, w_up, x0, block, w_ptr, x_ptr, nw_ptr, b_ptr, out_ptr, N, K, r
     if MODE == 2:
         acc_up = tl.sum(w_up.to(tl.float32) * x0[None, :], axis=1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
-        x = _x_tile(x_ptr, nw_ptr, k0, ks, K, rstd, NORM, ZC, dt)
+        x = _x_tile(x_ptr, nw_ptr, k0, ks, K, rstd, NORM, ZC, dt, CG)
         w, w_up = _load_tile(w_ptr, block, N, K, k0, ks, BLOCK_N, MODE)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if MODE == 2:
