@@ -1,7 +1,7 @@
 """CUDA-graph replay of short prefills (:func:`redlite.models.chunk_step.chunk_prefill_step`):
-the new tail of a turn (a second turn's user message, a tool result: typically 10-60 tokens)
-fed in one captured graph instead of an eager forward pass whose kernel launches cost more
-than the GPU's work (bench/results/serve_gpu-2026-12-03-nvidia-h200-s32-notes.md).
+the new tail of a turn (a second turn's user message, a tool result) fed in one captured
+graph instead of an eager forward pass whose kernel launches cost more than the GPU's work
+(bench/results/serve_gpu-*).
 
 One graph per chunk length in :data:`BUCKETS` (and per span bucket with the torch ops); a
 prefill of ``n`` tokens replays the smallest length ``T >= n``, its tokens padded with id 0.

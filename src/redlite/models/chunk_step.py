@@ -2,8 +2,8 @@
 the T tokens at positions ``pos .. pos + T - 1`` with ``pos`` a device tensor, so one CUDA graph
 per chunk length serves every position (:class:`redlite.engine.chunk_graphs.ChunkGraphs`).
 
-On a GPU an eager prefill of a few tokens is bound by its kernel launches (tens of ms on an 8B
-model, against ~4 ms of weight reads); replayed as a graph it costs about one decode step. The
+On a GPU an eager prefill of a few tokens is bound by its kernel launches; replayed as a graph
+it costs about what its weight and KV reads cost (bench/results/serve_gpu-*). The
 products are ``[T, in]`` matrix products (as the eager prefill's), attention is the decode ops'
 ``chunk_rope_attend`` (every k/v row written before any is read), and only the logits of row
 ``last`` (a device index: the chunk may be padded past its real tokens) are computed.
