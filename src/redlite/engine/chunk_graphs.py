@@ -8,7 +8,8 @@ prefill of ``n`` tokens replays the smallest length ``T >= n``, its tokens padde
 The padded rows write keys/values at ``n_past + n .. n_past + T - 1``, past the tokens held,
 which nothing reads (rows past ``n_past`` are free space; a prefill that would pad past the
 cache is left to the eager path). Static inputs: one int64 device tensor holding the tokens,
-the first position and the row whose logits are returned, refilled before each replay.
+the first position and the row whose logits are returned, refilled from pinned host memory
+before each replay (the host does not wait for the device).
 
 The graphs read the same state tensors, weights and rotary tables as the decoder's
 (:class:`~redlite.engine.cuda_graphs.GraphDecoder`), whose ops, spans and graph memory pool
@@ -68,7 +69,9 @@ class ChunkGraphs:
         pos = int(self.state.n_past)
         longest = self.buckets[-1]
         values = list(token_ids) + [0] * (longest - n) + [pos, n - 1]
-        self.io.copy_(torch.tensor(values, dtype=torch.long))
+        # from pinned memory without waiting: a pageable copy would wait for the queued work
+        host = torch.tensor(values, dtype=torch.long, pin_memory=self.io.is_cuda)
+        self.io.copy_(host, non_blocking=True)
         span = choose_span(pos + chunk, self.decoder.spans)
         if not self.decoder.use_graphs:
             return self._body(chunk, span)
