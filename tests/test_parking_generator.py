@@ -223,9 +223,10 @@ def test_prompt_blocks_are_hashed_with_the_prefill_not_by_the_next_selection(mon
     assert hashed and all(first >= (prompt_len - 1) // 4 for first, _ in hashed), hashed
 
 
-def test_a_forks_parked_tail_enters_the_pool_once_the_first_token_is_out(monkeypatch):
+def test_a_forks_parked_tail_enters_the_pool_once_the_second_token_is_read(monkeypatch):
     """A regenerate copies the old answer's tail before the cut, but the pool's bookkeeping
-    (admission, index, log) waits until the first token is out and held (not in the TTFT);
+    (admission, index, log) waits until the second token is read (not in the TTFT, nor
+    holding the GIL while the first token's chunk is written);
     the entry is then parked as before, also when the client leaves at the first token, and
     a failing prefill does not lose it."""
     gen = make(block=4)
@@ -237,12 +238,15 @@ def test_a_forks_parked_tail_enters_the_pool_once_the_first_token_is_out(monkeyp
     monkeypatch.setattr(gen.engine, "prefill", lambda ids: order.append("prefill") or real_prefill(ids))
     monkeypatch.setattr(gen.engine, "decode", lambda t: order.append("decode") or real_decode(t))
     chat(gen, messages)  # regenerate: the answer's tail is parked
-    assert order[:3] == ["prefill", "decode", "pool"] and order.count("pool") == 1
+    # the first token fed back (its chunk is out), the second read and fed back, then the pool
+    assert order[:4] == ["prefill", "decode", "decode", "pool"] and order.count("pool") == 1
     assert len(gen.parking.pool) == 1
     rendered = tok.render_chat(messages)
     events = gen.run(GenerationRequest(rendered.token_ids, message_ends=rendered.message_ends))
     keys = [e.key for e in gen.parking.pool.entries()]
     next(events)  # the first token's event: its tail not yet in the pool
+    assert [e.key for e in gen.parking.pool.entries()] == keys
+    next(events)  # the second one's: not yet either (it is settled once that token is held)
     assert [e.key for e in gen.parking.pool.entries()] == keys
     events.close()  # the client leaves: the tail is parked all the same (superseding the same one)
     assert [e.key for e in gen.parking.pool.entries()] not in ([], keys)

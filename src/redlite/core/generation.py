@@ -242,8 +242,9 @@ class Generator:
     def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
         """One choice: the candidate step, then :meth:`_answer`. The host work the candidate step
         leaves (``parking.settle``: a parked tail's bookkeeping, block hashes) runs once the
-        first token is out and held (the device computing the next one meanwhile), else before
-        the choice's result, else when it stops (cancelled, failed, closed): not in the TTFT."""
+        second token is read (the first one's chunk goes out while the device computes the
+        second: this thread holds the GIL while it settles), else before the choice's result,
+        else when it stops (cancelled, failed, closed): not in the TTFT."""
         started = self._clock()
         if self.parking is not None and self.settings.reuse and index == 0:
             adopt_held_spelling(self, request)  # the live state's spelling first, then selection
@@ -265,7 +266,9 @@ class Generator:
     def _answer(self, request: GenerationRequest, index: int, started: float, selected: float,
                 settle: Callable[[], None]) -> Iterator[str | TokenLogprob | GenerationResult]:
         """Plan, execute and generate one choice (see :meth:`run`); ``settle()`` is called
-        once the first token is held and before the result (it does its work once)."""
+        once the second token is read and before the result (it does its work once), and
+        the prefill's log line is written then too (logging is host time the TTFT need not
+        wait for)."""
         plan, planned, logits, complete = self._plan_and_execute(request, index)
         prompt = request.prompt_ids
         ttft_ms = (self._clock() - started) * 1000.0
@@ -277,10 +280,16 @@ class Generator:
             yield GenerationResult("cancelled", len(prompt), 0, plan.keep, ttft_ms, 0.0, plan,
                                    prefilled_tokens=max(0, len(self.held_ids) - plan.keep))
             return
-        log.info("%s prefill %d tok (%d cached) ttft %.1f ms (select %.1f, plan %.1f, engine %.1f)%s",
-                 request.request_id, plan.prefill, plan.keep, ttft_ms, 1e3 * (selected - started),
-                 1e3 * (planned - selected), ttft_ms - 1e3 * (planned - started),
-                 f" session={request.session_key}" if request.session_key else "")
+        pending = [True]
+
+        def after_first() -> None:  # host work past the TTFT, once
+            if pending[0]:
+                pending[0] = False
+                log.info("%s prefill %d tok (%d cached) ttft %.1f ms (select %.1f, plan %.1f, engine %.1f)%s",
+                         request.request_id, plan.prefill, plan.keep, ttft_ms, 1e3 * (selected - started),
+                         1e3 * (planned - selected), ttft_ms - 1e3 * (planned - started),
+                         f" session={request.session_key}" if request.session_key else "")
+            settle()
 
         max_tokens = request.max_tokens
         if self.settings.max_tokens is not None:  # the server-side cap (--max-tokens)
@@ -328,10 +337,11 @@ class Generator:
             loop.keep(token)  # the held ids and the engine state change together here
             self.held_ids.append(token)
             self.failed = False
-            settle()
+            if generated > 1:
+                after_first()
         else:
             finish = "cancelled"
-        settle()
+        after_first()
         if not scanner.stopped:
             events, stopped = scanner.push(decoder.flush())
             yield from events

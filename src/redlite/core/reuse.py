@@ -149,8 +149,9 @@ def plan_reuse(
     if token_bytes is not None and common < min(held_len, prompt_len):
         same = align_same_bytes(held_ids, new_ids, common, token_bytes)
         if same is not None:
-            respelled = plan_reuse(held_ids, same.prompt_ids(held_ids, new_ids), can_rewind,
-                                   checkpoint_positions)
+            ids = same.prompt_ids(held_ids, new_ids)  # the held ids up to same.held_end
+            respelled = plan_reuse(held_ids, ids, can_rewind, checkpoint_positions,
+                                   common=common_prefix_length(held_ids, ids, start=same.held_end))
             if respelled.keep > plan.keep:
                 return replace(respelled, same_bytes=same)
     return plan
