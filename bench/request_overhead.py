@@ -208,7 +208,8 @@ def run(args) -> dict:
     model = build_model(work / "model", ctx, args.tokenizer) if not args.shape else shape_model(work, ctx, args)
     trace = work / "trace.jsonl"
     port = _free_port()
-    command = [sys.executable, str(Path(__file__).with_name("request_overhead_trace.py")), str(trace), "serve",
+    profile = ["--profile", str(Path(args.profile).resolve())] if args.profile else []
+    command = [sys.executable, str(Path(__file__).with_name("request_overhead_trace.py")), *profile, str(trace), "serve",
                "--engine", "torch", "--model", str(model), "--device", "cpu", "--ctx-size", str(ctx),
                "--port", str(port), *args.server_arg]
     # one engine thread: the tiny model gains nothing from more, and idle OpenMP threads spinning
@@ -346,6 +347,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--keep-trace", default=None, help="copy the server's stamps (JSON lines) here")
     parser.add_argument("--tag", default="cpu")
+    parser.add_argument("--profile", default=None,
+                        help="write a cProfile (pstats) of the server's prepare, select, plan and execute here")
     args = parser.parse_args()
     args.held = [int(x) for x in args.held.split(",") if x]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

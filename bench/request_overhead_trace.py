@@ -5,6 +5,10 @@
 is appended to TRACE: for each stage a list of ``[start, end, thread CPU s]`` stamps
 (``time.perf_counter``, CLOCK_MONOTONIC: the client's clock too), and points in time (``recv``,
 ``body``, ``sse``, ``event_*``) whose third field is the process's CPU time then.
+
+With ``--profile FILE`` before TRACE, the stages in :data:`PROFILED` also run under one
+:mod:`cProfile` profile (enabled on the thread running the stage), written to FILE
+(``pstats`` format) every 10 requests.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ STAGES = [
     ("record_turn", "redlite.server.chat_service", "record_turn"),
 ]
 ENGINE = ("prefill", "rewind", "sample")
+PROFILED = ("prepare", "select", "plan", "execute")
 
 
 class _Trace:
@@ -72,30 +77,38 @@ class _Trace:
                 self.current = None
 
 
-def _timed(trace: _Trace, label: str, fn):
+def _timed(trace: _Trace, label: str, fn, profile=None):
     def wrapper(*args, **kwargs):
         c0 = time.thread_time()
         stamp = trace.add(label, time.perf_counter(), None, 0.0)
+        if profile is not None:
+            profile.enable()
         try:
             return fn(*args, **kwargs)
         finally:
+            if profile is not None:
+                profile.disable()
             stamp[1], stamp[2] = time.perf_counter(), time.thread_time() - c0
     return wrapper
 
 
-def _install(trace: _Trace) -> None:
+def _install(trace: _Trace, profile_path: str | None = None) -> None:
     import importlib
 
     import redlite.server.run as run
     from redlite.server import jobs
 
+    profile = None
+    if profile_path:
+        import cProfile
+        profile = cProfile.Profile()
     for label, where, name in STAGES:
         module, _, cls = where.partition(":")
         owner = importlib.import_module(module)
         owner = getattr(owner, cls) if cls else owner
         name = next(n for n in name.split("|") if hasattr(owner, n))  # the first one it has
         original = getattr(owner, name)
-        wrapped = _timed(trace, label, original)
+        wrapped = _timed(trace, label, original, profile if label in PROFILED else None)
         setattr(owner, name, staticmethod(wrapped) if cls and isinstance(
             owner.__dict__.get(name), (classmethod, staticmethod)) or label == "validate" else wrapped)
 
@@ -108,6 +121,7 @@ def _install(trace: _Trace) -> None:
     jobs.note_event = note_event
 
     create = run.create_app
+    served = [0]
 
     def create_app(state):
         app = create(state)
@@ -131,16 +145,21 @@ def _install(trace: _Trace) -> None:
                 await app(scope, receive_timed, send_timed)
             finally:
                 trace.flush(record)
+                served[0] += 1
+                if profile is not None and served[0] % 10 == 0:
+                    profile.dump_stats(profile_path)
         return timed_app
     run.create_app = create_app
 
 
-def child(trace_path: str, argv: list[str]) -> int:
-    _install(_Trace(trace_path))
+def child(trace_path: str, argv: list[str], profile_path: str | None = None) -> int:
+    _install(_Trace(trace_path), profile_path)
     from redlite.cli import main
     return main(argv)
 
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--profile":
+        raise SystemExit(child(sys.argv[3], sys.argv[4:], sys.argv[2]))
     raise SystemExit(child(sys.argv[1], sys.argv[2:]))
