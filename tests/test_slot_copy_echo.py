@@ -20,6 +20,7 @@ from inprocess import async_client
 from redlite.core.byte_tokenizer import ByteTokenizer
 from redlite.core.generation import Generator
 from redlite.core.generation_request import GenerationRequest, GeneratorSettings
+from redlite.core.live_state import copy_prefix
 from redlite.core.reuse import common_prefix_length
 from redlite.core.worker import EngineWorker, Job
 from redlite.engine.base import SamplingParams
@@ -105,17 +106,23 @@ def test_an_empty_slot_starts_from_a_copy_of_the_shared_prefix(can_rewind, caplo
     assert held.count(0) == 1  # A, B and C each in a slot of their own
 
 
-def test_the_source_slot_takes_no_job_until_the_copy_is_done():
+def test_the_source_slot_takes_no_job_until_the_copy_is_done(monkeypatch):
     """Two slots: A's conversation in one; B (A's system prompt) goes to the other, copying
     from A; an unrelated job X, whose only idle slot is A's, waits until B's copy is done."""
+    import redlite.core.conversations as conversations
+
     state = echo_state(parallel=2)
     worker = state.worker
-    gate, seen = threading.Event(), {"b": [], "x": []}
+    gate, copying, seen = threading.Event(), threading.Event(), {"b": [], "x": []}
 
-    def job(name, messages, hold=False):
+    def held_copy(*args, **kwargs):  # B's copy from A's slot, held until the gate opens
+        copying.set()
+        gate.wait(20)
+        return copy_prefix(*args, **kwargs)
+    monkeypatch.setattr(conversations, "copy_prefix", held_copy)
+
+    def job(name, messages):
         def deliver(event):
-            if hold and event.kind == "started":
-                gate.wait(20)
             seen[name].append(event)
         rendered = tok.render_chat(messages)
         request = GenerationRequest(rendered.token_ids, sampling=SamplingParams(temperature=0),
@@ -128,10 +135,11 @@ def test_the_source_slot_takes_no_job_until_the_copy_is_done():
         worker.submit(a)
         assert a.finished.wait(20)
         a_held = next(list(g.held_ids) for g in worker.generators if g.held_ids)
-        b = job("b", [SYSTEM, {"role": "user", "content": "name a river"}], hold=True)
+        b = job("b", [SYSTEM, {"role": "user", "content": "name a river"}])
         x = job("x", [{"role": "user", "content": "nothing shared"}])
         worker.submit(b)
         worker.submit(x)
+        assert copying.wait(20)
         time.sleep(0.3)
         assert not seen["x"]  # X waits for A's slot: its prefix is lent to B
         gate.set()

@@ -40,6 +40,12 @@ from redlite.engine.base import Engine, EngineError, TokenLogprob
 
 log = logging.getLogger("redlite.generation")
 
+#: an engine that launches asynchronously (``Engine.launches_async``) queues prefills of at most
+#: this many tokens before ``GenerationRequest.launched`` is called (the response's start then
+#: overlaps the device's work, not selection and launch); longer ones, and any prefill of a host
+#: engine, run after it
+SHORT_PREFILL = 64
+
 
 def _field(name: str) -> property:
     """A Generator attribute that is its :class:`Sequence`'s field ``name``."""
@@ -236,6 +242,8 @@ class Generator:
         planned = self._clock()
         if index == 0:
             request.reused = plan.keep
+        if request.launched is not None and (plan.prefill > SHORT_PREFILL or not self.engine.launches_async):
+            request.launched()  # the client hears of the start before a long or host prefill
         logits, complete = self._execute(plan, request)
         return plan, planned, logits, complete
 
@@ -272,6 +280,8 @@ class Generator:
         plan, planned, logits, complete = self._plan_and_execute(request, index)
         prompt = request.prompt_ids
         ttft_ms = (self._clock() - started) * 1000.0
+        if request.launched is not None:
+            request.launched()
         if not complete:
             log.info("%s generated 0 tok, finish cancelled, held %d tok", request.request_id,
                      len(self.held_ids))

@@ -33,6 +33,11 @@ class GenerationRequest:
     reused: set by the engine thread once the first choice's reuse plan is made, before its
     prefill runs: the prompt tokens taken from held state (None until then; for usage reports
     sent before the answer, as Anthropic's ``message_start``).
+    launched: called on the engine thread once a choice's plan is made, before its prefill; for
+    an engine that launches asynchronously and a prefill of at most ``generation.SHORT_PREFILL``
+    tokens, once that prefill is queued instead. The worker's ``started`` event (None: not
+    called); the HTTP side's work on it (the response's start) then runs while the device
+    computes, not contending for the GIL with selection and launch.
     """
 
     prompt_ids: list[int]
@@ -47,6 +52,7 @@ class GenerationRequest:
     session_key: str | None = None
     message_info: list[tuple[str, str | None]] = field(default_factory=list)
     reused: int | None = None
+    launched: Callable[[], None] | None = None
 
 
 @dataclass

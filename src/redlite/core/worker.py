@@ -77,12 +77,21 @@ def send(job: Job, event: Event) -> None:
 
 
 def run_job(generator: Generator, job: Job, on_result: Callable[[GenerationResult], None] | None = None) -> None:
-    """Run ``job`` on ``generator`` (on the caller's thread), delivering its events: ``started``,
-    then what the generation yields, then ``done`` per choice or one ``error``. ``on_result``
-    (optional) is called with each choice's result before it is delivered."""
-    send(job, Event("started"))
+    """Run ``job`` on ``generator`` (on the caller's thread), delivering its events: ``started``
+    (once the first choice's prompt work is launched: ``GenerationRequest.launched``, else
+    before any other event), then what the generation yields, then ``done`` per choice or one
+    ``error``. ``on_result`` (optional) is called with each choice's result before it is
+    delivered."""
+    pending = [True]
+
+    def start() -> None:
+        if pending[0]:
+            pending[0] = False
+            send(job, Event("started"))
+    job.request.launched = start
     try:
         for item in generator.run(job.request):
+            start()
             if isinstance(item, GenerationResult):
                 if on_result is not None:
                     on_result(item)
@@ -91,8 +100,10 @@ def run_job(generator: Generator, job: Job, on_result: Callable[[GenerationResul
                 send(job, Event("logprob", item))
             else:
                 send(job, Event("output", item))
+        start()  # a job that yielded nothing (an EngineTask)
     except Exception as error:  # the request fails; the server keeps serving
         log.exception("%s failed", job.request.request_id)
+        start()
         send(job, Event("error", error))
 
 

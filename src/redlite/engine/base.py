@@ -44,6 +44,9 @@ class Engine(ABC):
     can_rewind: bool = True
     max_context: int = 0
     vocab_size: int = 0
+    #: True when :meth:`prefill` returns once its work is queued on a device (the logits are
+    #: read later), not done: a short prefill is then launched before its job reports started
+    launches_async: bool = False
 
     @property
     @abstractmethod

@@ -83,7 +83,7 @@ class TorchEngine(TorchGraphs, TorchRanges, TorchCheckpoints, Engine):
         self._token = torch.zeros(1, dtype=torch.long, device=self.device)
         self._shared: dict[str, Any] = {"fingerprint": None}  # one per pool: every slot's model
         self._use_graphs = graphs and hasattr(self.state, "cache")
-        self.device_resident = self.device.type != "cpu"
+        self.device_resident = self.launches_async = self.device.type != "cpu"
         self._graph_decoder = None
         self._chunk_graphs = None
         if self.device.type == "cpu" and self.kernels.heap_reuse:

@@ -28,7 +28,8 @@ def queue(worker: Any, job: Job, retry_after_s: int = RETRY_AFTER_S) -> None:
 
 async def submit(worker: Any, generation: GenerationRequest, http_request: Any = None,
                  retry_after_s: int = RETRY_AFTER_S) -> tuple[Job, asyncio.Queue]:
-    """Queue ``generation`` and wait until it starts (its ``started`` event). Returns the job
+    """Queue ``generation`` and wait until it starts (its ``started`` event: once its prompt
+    work is launched, see ``GenerationRequest.launched``). Returns the job
     and the queue of its later events. Each finished choice is noted
     for the access log and the metrics (:func:`redlite.server.access.note_event`).
     Raises APIError: 503 (see :func:`queue`), 499 when ``http_request``'s client left while
@@ -43,6 +44,8 @@ async def submit(worker: Any, generation: GenerationRequest, http_request: Any =
 
     job = Job(generation, deliver)
     queue(worker, job, retry_after_s)
+    if scope is not None:
+        context_of(scope).job = job  # the access line waits for it if its client leaves
     getter = asyncio.ensure_future(events.get())
     waiters = {getter}
     watcher = None
@@ -60,8 +63,6 @@ async def submit(worker: Any, generation: GenerationRequest, http_request: Any =
     first: Event = getter.result()
     if first.kind == "error":
         raise as_api_error(first.value)
-    if scope is not None:
-        context_of(scope).job = job  # the access line waits for it if its client leaves
     return job, events
 
 
