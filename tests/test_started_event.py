@@ -53,3 +53,19 @@ def test_an_async_engine_reports_started_before_a_long_prefill():
     engine = EchoEngine()
     engine.launches_async = True
     assert order_of(engine, SHORT_PREFILL + 1)[:2] == ["started", f"prefill {SHORT_PREFILL + 1}"]
+
+
+def test_an_async_engine_with_nothing_to_prefill_reports_started_before_the_restore():
+    """A regenerate on an engine without rewind: the checkpoint at the prompt's end holds the
+    logits, so no device work follows that the response's start could overlap."""
+    engine = EchoEngine(can_rewind=False)
+    engine.launches_async = True
+    gen = Generator(engine, ByteTokenizer())
+    ids = [65 + i % 26 for i in range(40)]
+    run_job(gen, Job(GenerationRequest(ids, max_tokens=3), lambda e: None))
+    order = []
+    real_restore, real_prefill = engine.restore_checkpoint, engine.prefill
+    engine.restore_checkpoint = lambda c: order.append("restore") or real_restore(c)
+    engine.prefill = lambda t: order.append("prefill") or real_prefill(t)
+    run_job(gen, Job(GenerationRequest(ids, max_tokens=3), lambda e: order.append(e.kind)))
+    assert order[:2] == ["started", "restore"] and "prefill" not in order

@@ -40,10 +40,10 @@ from redlite.engine.base import Engine, EngineError, TokenLogprob
 
 log = logging.getLogger("redlite.generation")
 
-#: an engine that launches asynchronously (``Engine.launches_async``) queues prefills of at most
+#: an engine that launches asynchronously (``Engine.launches_async``) queues prefills of 1 to
 #: this many tokens before ``GenerationRequest.launched`` is called (the response's start then
-#: overlaps the device's work, not selection and launch); longer ones, and any prefill of a host
-#: engine, run after it
+#: overlaps the device's work, not selection and launch); longer ones, any prefill of a host
+#: engine and a plan with nothing to prefill (a checkpoint at the prompt's end) run after it
 SHORT_PREFILL = 64
 
 
@@ -242,8 +242,9 @@ class Generator:
         planned = self._clock()
         if index == 0:
             request.reused = plan.keep
-        if request.launched is not None and (plan.prefill > SHORT_PREFILL or not self.engine.launches_async):
-            request.launched()  # the client hears of the start before a long or host prefill
+        if request.launched is not None and (not 0 < plan.prefill <= SHORT_PREFILL
+                                             or not self.engine.launches_async):
+            request.launched()  # the client hears of the start before a long, host or no prefill
         logits, complete = self._execute(plan, request)
         return plan, planned, logits, complete
 

@@ -34,7 +34,7 @@ class GenerationRequest:
     prefill runs: the prompt tokens taken from held state (None until then; for usage reports
     sent before the answer, as Anthropic's ``message_start``).
     launched: called on the engine thread once a choice's plan is made, before its prefill; for
-    an engine that launches asynchronously and a prefill of at most ``generation.SHORT_PREFILL``
+    an engine that launches asynchronously and a prefill of 1 to ``generation.SHORT_PREFILL``
     tokens, once that prefill is queued instead. The worker's ``started`` event (None: not
     called); the HTTP side's work on it (the response's start) then runs while the device
     computes, not contending for the GIL with selection and launch.
