@@ -30,6 +30,9 @@ the JSON and markdown under ``--out`` are rewritten after every section):
    + first token) and without (``GeneratorSettings(reuse=False)``).
 6. transformers: ``generate`` decode tokens/s at a 1k prompt next to redlite's (the modes of
    gpu_hf.HF_MODES, static cache + torch.compile included; skip with ``hf-generate``).
+
+``--profile-step FILE``: after the split, bench/hybrid_profile.py's per-kernel tables of the graph
+decode step at each decode context (time, bytes and TB/s per role, the graph's launch cost).
 """
 
 from __future__ import annotations
@@ -140,6 +143,22 @@ def decode_split(engine, ctx, device, reps=50):
     engine.reset()
 
 
+def profile_steps(engine, contexts, device, path):
+    """bench/hybrid_profile.py's per-kernel tables of the graph decode step at each context,
+    into the markdown file ``path`` and ``R["step_profile"]``."""
+    import hybrid_profile
+
+    lines = []
+    R["step_profile"] = []
+    for ctx in contexts:
+        result = hybrid_profile.profile_step(engine.model, engine.state, ctx, device, engine.dtype,
+                                             R["ceilings"].get("copy_bw_Bps"), say=say)
+        lines += result.pop("md") + [""]
+        R["step_profile"].append(result)
+    Path(path).write_text("\n".join(lines) + "\n")
+    engine.reset()
+
+
 def prefill_speed(engine, sizes, lengths, device):
     peak = R["ceilings"].get("matmul_flops")
     cfg = engine.model.text_config
@@ -238,6 +257,8 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated: hf,hf-compile,hf-generate,hf-prefill,"
                         "decode,split,prefill,fork,moe-tune (the MoE step keeps triton_moe's default settings)")
     parser.add_argument("--profile-fork", help="write a torch.profiler table of one reuse fork to this file")
+    parser.add_argument("--profile-step", help="write the per-kernel profile of the graph decode step at each "
+                        "decode context to this markdown file (bench/hybrid_profile.py)")
     args = parser.parse_args()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
@@ -277,6 +298,8 @@ def main() -> None:
         section("decode", gpu.decode_speed, engine, sizes, contexts, n_decode, device)
     if cuda and "split" not in skip:
         section("decode split", decode_split, engine, 8192, device)
+    if cuda and args.profile_step:
+        section("step profile", profile_steps, engine, contexts, device, args.profile_step)
     section("checkpoint", checkpoint_cost, engine, device)
     prefill_lengths = [8192] if cuda else [512]
     if "prefill" not in skip:

@@ -124,17 +124,21 @@ def check_silu_mul(device, dtype, tol, gen):
     close("silu_mul", tk.silu_mul(gu, 300), REF.silu_mul(gu.clone(), 300), tol)
 
 
-def check_gemv(device, dtype, tol, gen):
+GEMV_CASE_CONFIGS = ((4, 64, 4, 1, 0), (8, 512, 4, 3, 0), (1, 32, 2, 2, 1), (2, 128, 4, 1, 1))
+
+
+def check_gemv(device, dtype, tol, gen, configs=GEMV_CASE_CONFIGS):
     """Every form of the fused matrix-vector kernel against the reference ops, with tiles that
     do and do not divide the shape, one column tile and several, one program per row block
-    and programs striding over several (``programs_per_sm`` 1)."""
+    and programs striding over several (``programs_per_sm`` 1); ``configs``: the launch
+    settings tried."""
     def rand(*shape, base=0.0, scale=1.0):
         return (base + scale * torch.randn(*shape, generator=gen)).to(device, dtype)
 
     for n, k in ((37, 100), (64, 256), (5, 300)):
         x, nw = rand(1, k), rand(k, base=1.0, scale=0.3)
         w, w2, bias, bias2 = rand(n, k, scale=0.1), rand(2 * n, k, scale=0.1), rand(n), rand(2 * n)
-        for config in ((4, 64, 4, 1, 0), (8, 512, 4, 3, 0), (1, 32, 2, 2, 1), (2, 128, 4, 1, 1)):
+        for config in configs:
             c = f"{n}x{k} config {config}"
             for b in (None, bias):
                 close(f"gemv {c} bias {b is not None}", tg.gemv(x, w, b, config=config),
@@ -154,6 +158,12 @@ def check_gemv(device, dtype, tol, gen):
                 close(f"gemv gated {c} bias {b is not None}",
                       tg.gemv(x, w2, b, norm_weight=nw, eps=1e-6, gated=True, config=config),
                       REF.norm_gate_up(x, nw, 1e-6, w2, b, n), tol)
+
+
+def check_gemv_table(device, dtype, tol):
+    """:func:`check_gemv` with the table's setting that its cases lack (8 rows a block on 8
+    warps, the 35B-A3B shapes'), on inputs of its own (the other checks keep theirs)."""
+    check_gemv(device, dtype, tol, torch.Generator().manual_seed(1), configs=((8, 2048, 8, 1, 2),))
 
 
 def check_pdl(device, dtype, gen):
@@ -187,6 +197,7 @@ def main() -> None:
             check_norms(device, dtype, tol, gen)
             check_silu_mul(device, dtype, tol, gen)
             check_gemv(device, dtype, tol, gen)
+            check_gemv_table(device, dtype, tol)
             if not (interpreted and dtype != torch.float32):
                 check_attention(device, dtype, tol, gen)
                 check_chunk_attention(device, dtype, tol, gen)

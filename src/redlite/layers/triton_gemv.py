@@ -169,7 +169,12 @@ GEMV_CONFIGS: dict[tuple[int, int, int], Config] = {
     (PLAIN, 151936, 4096): (4, 4096, 8, 1, 4),
     # Qwen3.5-9B shapes, not swept: the settings of the nearest Qwen3-8B shape
     (PLAIN, 12352, 4096): (4, 4096, 8, 1, 2), (PLAIN, 10240, 4096): (4, 4096, 8, 1, 2),
-    (PLAIN, 248320, 4096): (4, 4096, 8, 1, 4)}
+    (PLAIN, 248320, 4096): (4, 4096, 8, 1, 4),
+    # Qwen3.5-35B-A3B (hidden 2048): the Gated DeltaNet in_proj, the attention qkv and the
+    # lm_head; the best of bench/hybrid_profile.py --search-gemv (the whole decode step's
+    # time per setting) on an H200; its other shapes keep DEFAULT_CONFIG
+    (PLAIN, 12352, 2048): (8, 2048, 8, 1, 2), (PLAIN, 9216, 2048): (8, 2048, 8, 1, 2),
+    (PLAIN, 248320, 2048): (8, 2048, 8, 1, 2)}
 DEFAULT_CONFIG: Config = (4, 4096, 8, 1, 2)
 
 
