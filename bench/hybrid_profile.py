@@ -206,18 +206,12 @@ def capture(model, state, ctx, device, ops):
 
 def graph_ms(graph, device, reps: int = 40) -> float:
     """Median ms of one replay (CUDA events), after 3 warm replays."""
+    from gpu_tune import replay_ms
+
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize(device)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return replay_ms(graph, reps)
 
 
 def graph_shares(graph, n_kernels: int, device, reps: int = 10) -> tuple[list[list[dict]], list[dict]]:
