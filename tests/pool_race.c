@@ -111,7 +111,15 @@ static void share(void) {
     pthread_t h;
     pthread_create(&h, NULL, hog, NULL);
     pthread_setaffinity_np(h, sizeof one, &one);
-    for (int k = 0; k < 20 * WINDOW && P.solo_next == 0; k++) pool_run(busy, NULL, 64, 1);
+    /* up to 5 s of jobs (a fixed count was often too few on a quiet machine): the hog's time
+     * slices may fall between jobs (a gap, which starts a new window) many times before one
+     * falls inside a window */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        for (int k = 0; k < WINDOW && P.solo_next == 0; k++) pool_run(busy, NULL, 64, 1);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while (P.solo_next == 0 && t.tv_sec - t0.tv_sec + 1e-9 * (t.tv_nsec - t0.tv_nsec) < 5.0);
     atomic_store(&hog_stop, 1);
     pthread_join(h, NULL);
     printf("%d\n", P.solo_next > 0);
