@@ -12,20 +12,22 @@ from __future__ import annotations
 import bisect
 from typing import Any, Sequence
 
-_SHOWN_TOKENS = 12
+SHOWN_TOKENS = 12  #: tokens decoded on each side of a difference
 
 
-def describe_divergence(tokenizer: Any, held: Sequence[int], prompt: Sequence[int], common: int,
-                        answer_start: int | None) -> str:
+def describe_divergence(tokenizer: Any, held_next: Sequence[int], prompt_next: Sequence[int],
+                        common: int, answer_start: int | None) -> str:
     """One log fragment: the token position, the first differing text on each side and why.
 
-    answer_start: position in ``held`` where the previous generated answer begins (None when
-    unknown). The texts are decoded from at most 12 tokens each side and quoted with repr.
+    held_next, prompt_next: the held ids and the prompt's ids from position ``common`` on (at
+    most :data:`SHOWN_TOKENS` are decoded, each text quoted with repr; an empty one: that side
+    ends there). answer_start: position in the held ids where the previous generated answer
+    begins (None when unknown).
     """
-    if common >= len(held) or common >= len(prompt):
+    if not held_next or not prompt_next:
         return f"at token {common}: one side ends there"
-    held_text = tokenizer.decode(list(held[common:common + _SHOWN_TOKENS]))
-    prompt_text = tokenizer.decode(list(prompt[common:common + _SHOWN_TOKENS]))
+    held_text = tokenizer.decode(list(held_next[:SHOWN_TOKENS]))
+    prompt_text = tokenizer.decode(list(prompt_next[:SHOWN_TOKENS]))
     if answer_start is not None and common >= answer_start:
         why = (f"inside the previous answer ({common - answer_start} tokens in): the client's "
                "copy re-renders differently from the generated tokens")

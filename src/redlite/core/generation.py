@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from redlite.core.checkpoints import CheckpointStore, preamble_end, prefill_split_points
-from redlite.core.divergence import describe_divergence, describe_message
+from redlite.core.divergence import SHOWN_TOKENS, describe_divergence, describe_message
 from redlite.core.generation_request import EngineTask, GenerationRequest, GenerationResult, GeneratorSettings
 from redlite.core.reuse import Action, MissReason, ReusePlan, common_prefix_length, plan_reuse
 from redlite.core.same_bytes import adopt_held_spelling
@@ -140,8 +140,10 @@ class Generator:
         if plan.keep == len(prompt):
             self.sequence.note_prompt(prompt)
             return logits, True
-        preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info])
-        if engine.can_rewind or self.settings.checkpoint_bytes <= 0:
+        checkpointing = not engine.can_rewind and self.settings.checkpoint_bytes > 0
+        preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info]) \
+            if checkpointing else None
+        if not checkpointing:
             ends = [len(prompt)]
         else:  # checkpoints on message boundaries, every checkpoint_interval tokens, at the end
             ends = prefill_split_points(plan.keep, len(prompt), request.message_ends,
@@ -162,7 +164,7 @@ class Generator:
                 self.held_ids.extend(prompt[start:stop])
                 self.failed = False
                 start = stop
-            if not engine.can_rewind and self.settings.checkpoint_bytes > 0:
+            if checkpointing:
                 checkpoint = engine.take_checkpoint(logits, turn_boundary=end == len(prompt))
                 if checkpoint is not None:
                     self.checkpoints.add(checkpoint, pinned=end == preamble)
@@ -217,9 +219,12 @@ class Generator:
             matcher = GrammarMatcher(params.constraint, grammar_tokenizer(self.tokenizer))
         return HostLoop(self.engine, self.engine.make_sampler(params, request.prompt_ids, matcher), logits)
 
-    def _plan_and_execute(self, request: GenerationRequest, index: int) -> tuple[ReusePlan, float, Any, bool]:
-        """Plan the request on the held state (logging a cache miss) and bring the engine to
-        the prompt's end: ``(plan, clock when planned, logits, complete)`` (see :meth:`_execute`)."""
+    def _plan_and_execute(self, request: GenerationRequest, index: int
+                          ) -> tuple[ReusePlan, float, Any, bool, Callable[[], None]]:
+        """Plan the request on the held state and bring the engine to the prompt's end:
+        ``(plan, clock when planned, logits, complete, miss)`` (see :meth:`_execute`);
+        ``miss()`` logs the cache-miss line, if any, once (the caller calls it after the
+        first token: describing the difference decodes text and reads message boundaries)."""
         plan = adopt_held_spelling(self, request)
         prompt = request.prompt_ids
         if len(prompt) > self.engine.max_context:
@@ -228,25 +233,48 @@ class Generator:
             same = request.session_key is None or request.session_key == self.session_key
             self.hits = (self.hits if same else 0) + 1 if plan.keep else 0
         self.session_key = request.session_key
-        if (line := plan.miss_line()) is not None:
-            if plan.reason is MissReason.TOKEN_MISMATCH:
-                line += " " + describe_divergence(self.tokenizer, self.held_ids, prompt, plan.common,
-                                                  self._answer_start)
-                where = describe_message(self.tokenizer, prompt, plan.common, request.message_ends,
-                                         request.message_info)
-                if where:
-                    line += " " + where
-            if request.session_key:
-                line += f" session={request.session_key}"
-            log.info("%s %s", request.request_id, line)
+        miss = self._miss_line(plan, request)
         planned = self._clock()
         if index == 0:
             request.reused = plan.keep
         if request.launched is not None and (not 0 < plan.prefill <= SHORT_PREFILL
                                              or not self.engine.launches_async):
             request.launched()  # the client hears of the start before a long, host or no prefill
-        logits, complete = self._execute(plan, request)
-        return plan, planned, logits, complete
+        try:
+            logits, complete = self._execute(plan, request)
+        except BaseException:
+            miss()
+            raise
+        return plan, planned, logits, complete, miss
+
+    def _miss_line(self, plan: ReusePlan, request: GenerationRequest) -> Callable[[], None]:
+        """A call that logs ``plan``'s cache-miss line once (nothing for a hit): what it
+        needs of the held ids is taken now, before the plan changes them."""
+        line = plan.miss_line()
+        if line is None:
+            return lambda: None
+        prompt, common, answer_start = request.prompt_ids, plan.common, self._answer_start
+        mismatch = plan.reason is MissReason.TOKEN_MISMATCH
+        held_next = self.held_ids[common:common + SHOWN_TOKENS] if mismatch else []
+        done = [False]
+
+        def emit() -> None:
+            if done[0]:
+                return
+            done[0] = True
+            text = line
+            if mismatch:
+                text += " " + describe_divergence(self.tokenizer, held_next,
+                                                  prompt[common:common + SHOWN_TOKENS], common,
+                                                  answer_start)
+                where = describe_message(self.tokenizer, prompt, common, request.message_ends,
+                                         request.message_info)
+                if where:
+                    text += " " + where
+            if request.session_key:
+                text += f" session={request.session_key}"
+            log.info("%s %s", request.request_id, text)
+        return emit
 
     def _run_choice(self, request: GenerationRequest, index: int) -> Iterator[str | TokenLogprob | GenerationResult]:
         """One choice: the candidate step, then :meth:`_answer`. The host work the candidate step
@@ -278,12 +306,13 @@ class Generator:
         once the second token is read and before the result (it does its work once), and
         the prefill's log line is written then too (logging is host time the TTFT need not
         wait for)."""
-        plan, planned, logits, complete = self._plan_and_execute(request, index)
+        plan, planned, logits, complete, miss = self._plan_and_execute(request, index)
         prompt = request.prompt_ids
         ttft_ms = (self._clock() - started) * 1000.0
         if request.launched is not None:
             request.launched()
         if not complete:
+            miss()
             log.info("%s generated 0 tok, finish cancelled, held %d tok", request.request_id,
                      len(self.held_ids))
             settle()
@@ -296,6 +325,9 @@ class Generator:
         def after_first() -> None:  # host work past the TTFT, once
             if pending[0]:
                 pending[0] = False
+                # the answer's region starts where the template's generation prompt does
+                self._answer_start = request.message_ends[-1] if request.message_ends else len(prompt)
+                miss()
                 log.info("%s prefill %d tok (%d cached) ttft %.1f ms (select %.1f, plan %.1f, engine %.1f)%s",
                          request.request_id, plan.prefill, plan.keep, ttft_ms, 1e3 * (selected - started),
                          1e3 * (planned - selected), ttft_ms - 1e3 * (planned - started),
@@ -305,8 +337,6 @@ class Generator:
         max_tokens = request.max_tokens
         if self.settings.max_tokens is not None:  # the server-side cap (--max-tokens)
             max_tokens = min(max_tokens or self.settings.max_tokens, self.settings.max_tokens)
-        # the answer's region starts where the template's generation prompt does
-        self._answer_start = request.message_ends[-1] if request.message_ends else len(prompt)
         records: list[TokenLogprob] | None = [] if request.sampling.logprobs is not None else None
         decoder = self.tokenizer.incremental_decoder()
         scanner = OutputScanner(request.stop, request.parse)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from redlite.core.chat import ChatOutput
 from redlite.core.output_scanner import ParseOptions
@@ -24,7 +24,9 @@ class GenerationRequest:
 
     prompt_ids: the full prompt (len >= 1, <= the engine's max_context; never changed in place:
     it may be a rendered prompt's own list, shared with the render cache). message_ends: message
-    boundary positions (tokens) of a chat prompt, for checkpoints. max_tokens: the most tokens to
+    boundary positions (tokens) of a chat prompt, for checkpoints, the answer's start and the
+    cache-miss line; read-only, possibly a :class:`~redlite.core.tokenizer.LazyPositions`
+    computed on first read (replaced, never changed in place). max_tokens: the most tokens to
     generate (None: until end of turn or a full context). stop: validated stop strings.
     parse: how the output is split into content / reasoning / tool calls (None: all content).
     n: how many answers (choices) to generate for the prompt, one after another.
@@ -44,7 +46,7 @@ class GenerationRequest:
     max_tokens: int | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
-    message_ends: list[int] = field(default_factory=list)
+    message_ends: Sequence[int] = field(default_factory=list)
     request_id: str = "req"
     cancelled: threading.Event = field(default_factory=threading.Event)
     parse: ParseOptions | None = None

@@ -13,7 +13,8 @@ The prompt ids are the template tokenization of the text pieces between turns, w
 replaced by its kept generation-prompt ids + answer ids. Checked, not assumed: the pieces and
 the marked turns tokenized one by one must concatenate to the template's own tokenization of
 the marked text (cuts fall on special tokens); otherwise the plain template render is used
-(logged). Message boundaries are mapped from the marked render into the spliced ids.
+(logged). Message boundaries are mapped from the marked render into the spliced ids when first
+read (the first token does not wait for them).
 """
 
 from __future__ import annotations
@@ -138,13 +139,19 @@ def _splice(tokenizer: Any, marked: Any, turns: list[tuple[str, GeneratedTurn]])
             ids += turn.prefix_ids + turn.answer_ids
             out_text.append(turn.prefix_text + tokenizer.decode(turn.answer_ids))
             marked_at += len(region_ids[k])
+    return RenderedPrompt(ids, lambda: _mapped_ends(marked.message_ends, spans), "".join(out_text))
+
+
+def _mapped_ends(marked_ends: list[int], spans: list[tuple[int, int, int]]) -> list[int]:
+    """The marked render's message boundaries that fall in a piece between turns, moved to
+    the spliced ids (``spans``: each piece's marked start, marked end and spliced start)."""
     ends = []
-    for end in marked.message_ends:
+    for end in marked_ends:
         for lo, hi, at in spans:
             if lo < end <= hi:
                 ends.append(end - lo + at)
                 break
-    return RenderedPrompt(ids, ends, "".join(out_text))
+    return ends
 
 
 def _split_at_cuts(marked: Any, pieces: list[str], regions: list[str]) -> tuple[list, list] | None:

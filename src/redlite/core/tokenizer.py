@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Callable, Iterable, Iterator, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence, overload
 
 #: the first character of the markers put into message contents for a marked render (message
 #: boundaries, replay splices): ASCII, so a marked text stays one byte per character (a U+2063
@@ -47,8 +47,60 @@ class RenderedPrompt:
             self._ends = list(self._ends())
         return self._ends
 
+    def deferred_ends(self) -> Sequence[int]:
+        """``message_ends`` without computing them now: the list when known, else a
+        :class:`LazyPositions` that computes them (here, once) when first read."""
+        return self._ends if not callable(self._ends) else LazyPositions(lambda: self.message_ends)
+
     def __repr__(self) -> str:
         return f"RenderedPrompt({len(self.token_ids)} tokens, {self.text[:40]!r}...)"
+
+
+class LazyPositions(Sequence[int]):
+    """A read-only sequence of token positions computed by ``compute()`` (a zero-argument
+    callable giving ints) on first use, once, in the thread that reads it; equal to a list
+    of the same ints. For work the first token need not wait for (message boundaries)."""
+
+    __slots__ = ("_compute", "_items")
+
+    def __init__(self, compute: Callable[[], Iterable[int]]) -> None:
+        self._compute: Callable[[], Iterable[int]] | None = compute
+        self._items: list[int] | None = None
+
+    @property
+    def known(self) -> bool:
+        """Whether they have been computed."""
+        return self._items is not None
+
+    def _get(self) -> list[int]:
+        if self._items is None:
+            compute, self._compute = self._compute, None
+            self._items = list(compute())  # type: ignore[misc]
+        return self._items
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index):
+        return self._get()[index]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._get())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyPositions):
+            other = other._get()
+        return isinstance(other, (list, tuple)) and self._get() == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self._items) if self._items is not None else "LazyPositions(<not computed>)"
 
 
 class IncrementalDecoder(Protocol):

@@ -23,7 +23,7 @@ import logging
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from redlite.core.chat import ChatOutput, ChatRequest, OutputEvent
 from redlite.core.constraints import ConstraintError, ConstraintSpec, build_constraint
@@ -178,6 +178,13 @@ class ChatStream:
 
 
 
+def _ends_of(rendered: Any) -> Sequence[int]:
+    """A rendered prompt's message boundaries, computed when the worker first reads them (the
+    first token waits for them only where checkpoints or a cache-miss line need them)."""
+    deferred = getattr(rendered, "deferred_ends", None)
+    return deferred() if deferred is not None else list(rendered.message_ends)
+
+
 def _message_info(message: Any) -> tuple[str, str | None]:
     """(role, the tool-call id it carries or answers) of a history message."""
     if not isinstance(message, dict):
@@ -285,7 +292,7 @@ class ChatService:
                            logprobs=request.logprobs if request.logprobs is not None
                            else request.sampling.logprobs)
         generation = GenerationRequest(ids, request.max_tokens, sampling, list(request.stop),
-                                       list(rendered.message_ends), request.request_id, parse=parse,
+                                       _ends_of(rendered), request.request_id, parse=parse,
                                        n=max(1, request.n), session_key=request.session_key,
                                        message_info=[_message_info(m) for m in head.messages])
         if replayed:
