@@ -93,15 +93,16 @@ QUESTION_WORDS = ["Reader", "Quickly", "Honestly", "Please", "Now", "Tell", "Exp
 
 def chat(conn, messages: list[dict], max_tokens: int = 8) -> dict:
     """One streamed chat request over ``conn`` (an ``http.client`` connection, or an
-    ``httpx.Client`` used as bench/serve_gpu.py does): send time, the first token's chunk
-    time, text, usage."""
+    ``httpx.Client`` used as bench/serve_gpu.py does): send time (the JSON body encoded
+    before it), the first token's chunk time, text, usage."""
     body = {"messages": messages, "max_tokens": max_tokens, "stream": True, "temperature": 0,
             "stream_options": {"include_usage": True}}
+    data = json.dumps(body, ensure_ascii=False).encode()  # the client's work, before the clock
     if not isinstance(conn, http.client.HTTPConnection):
         sent = time.perf_counter()
-        with conn.stream("POST", "/v1/chat/completions", json=body) as response:
+        with conn.stream("POST", "/v1/chat/completions", content=data,
+                         headers={"content-type": "application/json"}) as response:
             return _read_stream(sent, (line.encode() for line in response.iter_lines()))
-    data = json.dumps(body).encode()
     sent = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body=data, headers={"Content-Type": "application/json"})
     response = conn.getresponse()
