@@ -104,13 +104,18 @@ class ChunkGraphs:
 
     def _capture(self, chunk: int, span: int):
         """Warm up on a side stream (Triton compiles, cuBLAS picks kernels; it writes the rows
-        the replay that follows writes again), then capture into the decoder's pool."""
+        the replay that follows writes again; recurrent states it moved are put back), then
+        capture into the decoder's pool."""
         device = self.decoder.device
+        export = getattr(self.state, "export_recurrent", None)
+        saved = export() if export is not None else None
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             self._body(chunk, span)
         torch.cuda.current_stream(device).wait_stream(stream)
+        if saved is not None:
+            self.state.import_recurrent(saved, self.state.n_past)
         if self.decoder._pool is None:
             self.decoder._pool = torch.cuda.graph_pool_handle()
         graph, out = capture_graph(lambda: self._body(chunk, span), device, self.decoder._pool)

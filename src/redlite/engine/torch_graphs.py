@@ -99,9 +99,11 @@ class TorchGraphs:
             if decoder is None or not supports_chunk(self.model):
                 self._chunk_graphs = False
                 return None
-            from redlite.engine.chunk_graphs import ChunkGraphs
+            from redlite.engine.chunk_graphs import BUCKETS, ChunkGraphs
+            from redlite.models.chunk_step import longest_chunk
 
-            self._chunk_graphs = ChunkGraphs(decoder)
+            longest = longest_chunk(self.model)
+            self._chunk_graphs = ChunkGraphs(decoder, [b for b in BUCKETS if b <= longest])
         return self._chunk_graphs or None
 
     def _chunk_prefill(self, token_ids) -> torch.Tensor | None:

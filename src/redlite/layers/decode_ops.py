@@ -214,6 +214,31 @@ class TorchDecodeOps:
         out = self.attention(q, keys, values, pos, span, None).reshape(1, h * d)
         return out * torch.sigmoid(gate.reshape(1, h * d))
 
+    def chunk_gated_rope_attend(self, qkv: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
+                                sin: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+                                keys: torch.Tensor, values: torch.Tensor, n_heads: int, n_kv_heads: int,
+                                head_dim: int, span: int) -> torch.Tensor:
+        """:meth:`gated_rope_attend` of T consecutive tokens of one sequence: row t of ``qkv``
+        [T, (2H + 2 KV) * D] at position ``pos + t`` (``pos`` LongTensor [1]); every k/v row
+        is written before attention, so token t sees rows ``0 .. pos + t``. Reads rows
+        ``< span`` (``span >= pos + T``). Returns [T, H * D]."""
+        h, kv, d = n_heads, n_kv_heads, head_dim
+        n_tokens = qkv.shape[0]
+        positions = pos + torch.arange(n_tokens, device=qkv.device)
+        q, gate = qkv[:, :2 * h * d].view(n_tokens, h, 2 * d).split(d, dim=-1)
+        k = qkv[:, 2 * h * d:(2 * h + kv) * d].view(n_tokens, kv, d)
+        v = qkv[:, (2 * h + kv) * d:].view(n_tokens, kv, d)
+        c, s = cos.index_select(0, positions), sin.index_select(0, positions)
+        q = apply_rotary(zero_centered_rms_norm(q, q_norm, eps), c, s)
+        k = apply_rotary(zero_centered_rms_norm(k, k_norm, eps), c, s)
+        keys.index_copy_(1, positions, k.transpose(0, 1))
+        values.index_copy_(1, positions, v.transpose(0, 1))
+        valid = torch.arange(span, device=qkv.device)[None, :] <= positions[:, None]
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None, :, :span], values[None, :, :span],
+                                             attn_mask=valid[None, None], enable_gqa=h != kv)
+        out = out[0].transpose(0, 1).reshape(n_tokens, h * d)
+        return out * torch.sigmoid(gate.reshape(n_tokens, h * d))
+
     def moe(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, moe,
             zero_centered: bool = True) -> torch.Tensor:
         """``x += moe(rms_norm(x))`` in place for one token ``x`` [1, H], ``moe`` a

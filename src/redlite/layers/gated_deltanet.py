@@ -67,18 +67,22 @@ def fla_available(device: torch.device) -> bool:
     return torch.device(device).type == "cuda" and _fla_funcs() is not None
 
 
-def causal_conv1d(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def causal_conv1d(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                  last: torch.Tensor | None = None) -> torch.Tensor:
     """Depthwise causal convolution continuing from ``conv_state``, then SiLU.
 
     x: ``[T, C]`` new inputs. conv_state: ``[C, K - 1]``, the previous ``K - 1`` inputs
-    (zeros at sequence start); updated in place to the last ``K - 1`` inputs. weight:
-    ``[C, K]`` (``conv1d.weight`` squeezed), tap ``K - 1`` multiplies the newest input.
-    Returns ``[T, C]`` in ``weight``'s dtype.
+    (zeros at sequence start); updated in place to the last ``K - 1`` inputs (``last``, a
+    LongTensor [1] on x's device: to the ``K - 1`` inputs ending at row ``last``, the rows
+    after it being padding). weight: ``[C, K]`` (``conv1d.weight`` squeezed), tap ``K - 1``
+    multiplies the newest input. Returns ``[T, C]`` in ``weight``'s dtype.
     """
     length = x.shape[0]
     window = conv_state.shape[1]
     seq = torch.cat([conv_state.to(weight.dtype), x.to(weight.dtype).transpose(0, 1)], dim=1)
-    if window:
+    if window and last is not None:  # seq column window + t holds row t
+        conv_state.copy_(seq.index_select(1, last + 1 + torch.arange(window, device=seq.device)))
+    elif window:
         conv_state.copy_(seq[:, seq.shape[1] - window:])
     if length == 1:
         y = (seq * weight).sum(dim=1, keepdim=True)
@@ -192,16 +196,18 @@ class GatedDeltaNet(nn.Module):
         return self.linear(self.mix(proj, conv_state, recurrent_state), self.out_weight, None)
 
     def mix(self, proj: torch.Tensor, conv_state: torch.Tensor, recurrent_state: torch.Tensor,
-            use_fla: bool | None = None) -> torch.Tensor:
+            use_fla: bool | None = None, last: torch.Tensor | None = None) -> torch.Tensor:
         """Everything between the two projections: ``proj`` (``[T, C + Hv*Dv + 2*Hv]``, the
         input projection's output) -> ``[T, Hv*Dv]`` in proj's dtype, the gated-normalised
         output that ``out_proj`` takes; the states are updated in place as in :meth:`forward`.
         ``use_fla``: None uses flash-linear-attention where the layer's ``fla`` is set and
-        :func:`fla_available`; False forces the torch kernels (the graph-capturable decode reference)."""
+        :func:`fla_available`; False forces the torch kernels (the graph-capturable decode reference).
+        ``last``: LongTensor [1] on proj's device, the last real row: the rows after it are
+        padding, which leave both states as row ``last`` left them (their outputs are junk)."""
         length = proj.shape[0]
         hv, dk, dv = self.num_value_heads, self.key_head_dim, self.value_head_dim
         qkv, z, b, a = proj.split([self.conv_dim, self.value_dim, hv, hv], dim=-1)
-        qkv = causal_conv1d(qkv, conv_state, self.conv_weight)
+        qkv = causal_conv1d(qkv, conv_state, self.conv_weight, last)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(length, self.num_key_heads, dk)
         k = k.reshape(length, self.num_key_heads, dk)
@@ -209,6 +215,9 @@ class GatedDeltaNet(nn.Module):
 
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        if last is not None:  # a padded row: no write (beta 0) and no decay (g 0)
+            real = (torch.arange(length, device=proj.device) <= last).float()[:, None]
+            beta, g = beta * real, g * real
 
         if (self.fla and fla_available(proj.device)) if use_fla is None else use_fla:
             o, new_state = self._fla_rule(q, k, v, g, beta, recurrent_state)

@@ -12,15 +12,18 @@ class KVCache:
     ``data`` of shape ``[n_layers, 2, n_kv_heads, max_tokens, head_dim]``.
 
     ``keys[i]`` and ``values[i]`` are ``[n_kv_heads, max_tokens, head_dim]`` views of layer
-    ``i``; tokens ``0 .. n - 1`` of a sequence holding ``n`` tokens are valid, the rest is
-    uninitialised (``torch.empty``: untouched pages cost no memory on most systems).
+    ``i``; tokens ``0 .. n - 1`` of a sequence holding ``n`` tokens are valid. The rest is
+    uninitialised on the host (``torch.empty``: untouched pages cost no memory on most
+    systems) and zeros on a GPU (device memory is committed either way): an attention that
+    reads a fixed span past the held rows and masks them (a captured chunk step's) must not
+    meet NaN bit patterns there, which a mask cannot remove from its products.
     """
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_tokens: int,
                  device: torch.device | str, dtype: torch.dtype):
         self.max_tokens = int(max_tokens)
-        self.data = torch.empty(n_layers, 2, n_kv_heads, self.max_tokens, head_dim,
-                                device=device, dtype=dtype)
+        make = torch.zeros if torch.device(device).type == "cuda" else torch.empty
+        self.data = make(n_layers, 2, n_kv_heads, self.max_tokens, head_dim, device=device, dtype=dtype)
         self.keys = [self.data[i, 0] for i in range(n_layers)]
         self.values = [self.data[i, 1] for i in range(n_layers)]
 

@@ -1,4 +1,5 @@
-"""The graph-capturable prefill of a short chunk of T tokens of one sequence (the Llama family):
+"""The graph-capturable prefill of a short chunk of T tokens of one sequence (the Llama family;
+the Qwen3.5 hybrid's is :mod:`redlite.models.qwen3_5_chunk`):
 the T tokens at positions ``pos .. pos + T - 1`` with ``pos`` a device tensor, so one CUDA graph
 per chunk length serves every position (:class:`redlite.engine.chunk_graphs.ChunkGraphs`).
 
@@ -18,10 +19,24 @@ from redlite.models.batch_decode import batch_linear
 
 
 def supports_chunk(model) -> bool:
-    """Whether :func:`chunk_prefill_step` serves ``model`` (the Llama family)."""
+    """Whether :func:`chunk_prefill_step` serves ``model``: the Llama family, and the Qwen3.5
+    hybrid with dense MLPs (:mod:`redlite.models.qwen3_5_chunk`)."""
+    from redlite.models.llama import LlamaModel
+    from redlite.models.qwen3_5_chunk import supports_hybrid_chunk
+
+    return isinstance(model, LlamaModel) or supports_hybrid_chunk(model)
+
+
+def longest_chunk(model) -> int:
+    """The most tokens one chunk of ``model`` takes: 64, or for the hybrid the longest piece
+    its Gated DeltaNet runs through the one-launch recurrent kernel (``recurrent_max_tokens``)."""
     from redlite.models.llama import LlamaModel
 
-    return isinstance(model, LlamaModel)
+    if isinstance(model, LlamaModel):
+        return 64
+    from redlite.layers.gated_deltanet import GatedDeltaNet
+
+    return GatedDeltaNet.recurrent_max_tokens
 
 
 def chunk_prefill_step(model, tokens: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, state, span: int,
@@ -32,7 +47,15 @@ def chunk_prefill_step(model, tokens: torch.Tensor, pos: torch.Tensor, last: tor
     whose logits are returned. ``span``: cache rows the torch ops read (``>= pos + T``;
     ignored by ops with ``length_from_pos``). Writes the T tokens' keys/values (rows past the
     real tokens of a padded chunk are written too, past ``n_past``); ``n_past`` is left to the
-    caller. Returns float32 logits ``[1, vocab]``."""
+    caller. Returns float32 logits ``[1, vocab]``. A Qwen3.5 model goes to
+    :func:`~redlite.models.qwen3_5_chunk.hybrid_chunk_prefill_step` (same contract; ``last``
+    is also the last real row, padding stays out of the recurrent states)."""
+    from redlite.models.llama import LlamaModel
+
+    if not isinstance(model, LlamaModel):
+        from redlite.models.qwen3_5_chunk import hybrid_chunk_prefill_step
+
+        return hybrid_chunk_prefill_step(model, tokens, pos, last, state, span, ops)
     x = embedding(tokens, model.embed_weight)  # [T, hidden], updated in place
     cos, sin = model.rotary.get(0, state.max_tokens, x.device, x.dtype)
     keys, values = state.cache.keys, state.cache.values
