@@ -124,6 +124,14 @@ class TritonDecodeOps(TorchDecodeOps):
                                             pdl=self.pdl_attention, gated=True, k_norm_weight=k_norm)
         return out.view(1, -1)
 
+    def chunk_gated_rope_attend(self, qkv, pos, cos, sin, q_norm, k_norm, eps, keys, values, n_heads,
+                                n_kv_heads, head_dim, span):
+        # row by row through the decode kernel, which reads keys up to its row's position (the
+        # torch form's fixed span with a mask reads every cache row: bench/results/serve_gpu-*-s38)
+        rows = [self.gated_rope_attend(qkv[t:t + 1], pos + t, cos, sin, q_norm, k_norm, eps, keys, values,
+                                       n_heads, n_kv_heads, head_dim, span) for t in range(qkv.shape[0])]
+        return torch.cat(rows)
+
     def moe(self, x, norm_weight, eps, moe, zero_centered=True):
         from redlite.layers import triton_moe
 
