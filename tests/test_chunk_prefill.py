@@ -84,21 +84,28 @@ def test_chunk_graphs_are_off_without_graphs_or_when_switched_off():
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-4), (torch.bfloat16, 0.15)])
 @pytest.mark.parametrize("kind", ["qwen3_qk_norm", "mistral_window", "llama"])
 def test_chunk_graphs_replay_equals_eager_prefill_on_gpu(kind, dtype, tol):
-    model = make_model(kind, device="cuda", dtype=dtype)
+    replay_equals_eager_on_gpu(make_model(kind, device="cuda", dtype=dtype), dtype, tol, ids, (2, 7, 16, 40, 64),
+                               len(BUCKETS))
+
+
+def replay_equals_eager_on_gpu(model, dtype, tol, ids, lengths, n_graphs) -> None:
+    """Graphs captured at start-up (``n_graphs`` of them), then prefills of ``lengths`` after
+    200 held tokens replay them: logits and the next decode within ``tol`` (relative) of the
+    eager engine's, and nothing captured while serving. ``ids(n, seed)``: the model's ids."""
     eager = TorchEngine(model, ctx_size=400, device="cuda", dtype=dtype, cuda_graphs=False)
     chunked = TorchEngine(model, ctx_size=400, device="cuda", dtype=dtype, cuda_graphs=True)
     chunked.prefill(ids(3, seed=1))
-    assert chunked.capture_graphs() > 0 and chunked.chunk_graphs().n_graphs == len(BUCKETS)
+    assert chunked.capture_graphs() > 0 and chunked.chunk_graphs().n_graphs == n_graphs
     chunked.reset()
     calls = _spy(chunked)
     for engine in (eager, chunked):
         engine.prefill(ids(200, seed=2))
-    for n in (2, 7, 16, 40, 64):
+    for n in lengths:
         want, got = eager.prefill(ids(n, seed=n)), chunked.prefill(ids(n, seed=n))
         rel = ((want - got).norm() / want.norm()).item()
         assert chunked.n_past == eager.n_past and rel < tol, (n, rel)
         token = int(want.argmax())
         a, b = eager.decode(token), chunked.decode(token)
         assert ((a - b).norm() / a.norm()).item() < tol
-    assert calls == [2, 7, 16, 40, 64]
-    assert chunked.chunk_graphs().n_graphs == len(BUCKETS)  # nothing captured while serving
+    assert calls == list(lengths)
+    assert chunked.chunk_graphs().n_graphs == n_graphs  # nothing captured while serving

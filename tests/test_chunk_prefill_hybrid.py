@@ -9,21 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from redlite.engine.chunk_graphs import ChunkGraphs
 from redlite.engine.torch_engine import TorchEngine
 from redlite.layers.gated_deltanet import causal_conv1d
+from test_chunk_prefill import _spy, replay_equals_eager_on_gpu
 from test_hybrid_decode import CONFIG, ids, make_model
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _spy(engine: TorchEngine) -> list[int]:
-    calls: list[int] = []
-    chunks = engine.chunk_graphs()
-    assert isinstance(chunks, ChunkGraphs) and max(chunks.buckets) == 32
-    run = chunks.prefill
-    chunks.prefill = lambda token_ids: calls.append(len(token_ids)) or run(token_ids)
-    return calls
 
 
 def _states(engine: TorchEngine) -> list[torch.Tensor]:
@@ -55,6 +46,7 @@ def test_short_hybrid_prefills_through_the_chunk_step_equal_eager_prefill():
     eager = TorchEngine(model, ctx_size=200, device="cpu", cuda_graphs=False)
     chunked = TorchEngine(model, ctx_size=200, device="cpu", cuda_graphs=True)
     calls = _spy(chunked)
+    assert max(chunked.chunk_graphs().buckets) == 32
     for engine in (eager, chunked):
         engine.prefill(ids(40, seed=2))  # longer than any chunk: the eager pass in both
     assert calls == []
@@ -80,21 +72,4 @@ def test_the_mixture_of_experts_hybrid_has_no_chunk_step():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-4), (torch.bfloat16, 0.15)])
 def test_hybrid_chunk_graphs_replay_equals_eager_prefill_on_gpu(dtype, tol):
-    model = make_model(device="cuda", dtype=dtype)
-    eager = TorchEngine(model, ctx_size=400, device="cuda", dtype=dtype, cuda_graphs=False)
-    chunked = TorchEngine(model, ctx_size=400, device="cuda", dtype=dtype, cuda_graphs=True)
-    chunked.prefill(ids(3, seed=1))
-    assert chunked.capture_graphs() > 0 and chunked.chunk_graphs().n_graphs == 4
-    chunked.reset()
-    calls = _spy(chunked)
-    for engine in (eager, chunked):
-        engine.prefill(ids(200, seed=2))
-    for n in (2, 7, 16, 21, 32):
-        want, got = eager.prefill(ids(n, seed=n)), chunked.prefill(ids(n, seed=n))
-        rel = ((want - got).norm() / want.norm()).item()
-        assert chunked.n_past == eager.n_past and rel < tol, (n, rel)
-        token = int(want.argmax())
-        a, b = eager.decode(token), chunked.decode(token)
-        assert ((a - b).norm() / a.norm()).item() < tol
-    assert calls == [2, 7, 16, 21, 32]
-    assert chunked.chunk_graphs().n_graphs == 4  # nothing captured while serving
+    replay_equals_eager_on_gpu(make_model(device="cuda", dtype=dtype), dtype, tol, ids, (2, 7, 16, 21, 32), 4)
