@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from redlite.core.byte_tokenizer import ByteTokenizer
-from redlite.core.generation import Generator
+from redlite.core.generation import SHORT_PREFILL, Generator
 from redlite.core.generation_request import GenerationRequest, GeneratorSettings
 from redlite.core.replay_splice import _mapped_ends
 from redlite.core.tokenizer import LazyPositions, RenderedPrompt
@@ -98,3 +98,15 @@ def test_a_checkpointing_engine_reads_message_ends_before_its_prefill():
     _run(gen, request, events)
     assert reads and "prefill" not in events[:reads[0]]
     assert 150 in gen.checkpoints.positions
+
+
+def test_before_a_long_prefill_the_miss_line_comes_first():
+    gen = Generator(EchoEngine(), ByteTokenizer())
+    first = [65 + i % 26 for i in range(40)]
+    run_job(gen, Job(GenerationRequest(first, max_tokens=4, message_ends=[20, 40]), lambda e: None))
+    changed = first[:30] + [90] * (SHORT_PREFILL + 10)
+    reads: list[int] = []
+    request, events = _request(changed, [20, len(changed)], reads, max_tokens=2,
+                               message_info=[("user", None), ("user", None)])
+    _run(gen, request, events)
+    assert reads and "prefill" not in events[:reads[0]]

@@ -90,7 +90,7 @@ def test_signal_during_prefill(start_server, tmp_path, sig, stream):
                           "--session-dir", str(tmp_path), "--session-min-tokens", "20")
     ask(server, "parked conversation " * 3)  # will be parked in RAM by the next one
     running = Client(server.url, user("x" * 3000), stream=stream)  # a 6 s prefill
-    server.wait_for_log("parked")
+    server.wait_for_log("reason=token-mismatch")  # its cache-miss line: logged before a long prefill
     waiting = Client(server.url, user("queued"))
     wait_queued(server, 1)
     time.sleep(0.3)

@@ -223,8 +223,9 @@ class Generator:
                           ) -> tuple[ReusePlan, float, Any, bool, Callable[[], None]]:
         """Plan the request on the held state and bring the engine to the prompt's end:
         ``(plan, clock when planned, logits, complete, miss)`` (see :meth:`_execute`);
-        ``miss()`` logs the cache-miss line, if any, once (the caller calls it after the
-        first token: describing the difference decodes text and reads message boundaries)."""
+        ``miss()`` logs the cache-miss line, if any, once: here before a prefill of more than
+        ``SHORT_PREFILL`` tokens, else when the caller calls it after the first token
+        (describing the difference decodes text and reads message boundaries)."""
         plan = adopt_held_spelling(self, request)
         prompt = request.prompt_ids
         if len(prompt) > self.engine.max_context:
@@ -234,6 +235,8 @@ class Generator:
             self.hits = (self.hits if same else 0) + 1 if plan.keep else 0
         self.session_key = request.session_key
         miss = self._miss_line(plan, request)
+        if plan.prefill > SHORT_PREFILL:
+            miss()  # before a long prefill: the log says at once why it reads so much
         planned = self._clock()
         if index == 0:
             request.reused = plan.keep
