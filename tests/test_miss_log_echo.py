@@ -40,4 +40,4 @@ def test_miss_after_a_restore_names_the_message_not_a_stale_answer(caplog):
             usage = ask(client, SYSTEM, "Recommend a science fiction novel.")
     assert usage["prompt_tokens_details"]["cached_tokens"] > len(SYSTEM)
     line = next(m for m in caplog.messages if "cache miss" in m)
-    assert "inside the previous answer" not in line and "an earlier message differs" in line
+    assert "inside the previous answer" not in line and "a message differs from the held conversation's" in line

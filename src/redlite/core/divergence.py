@@ -32,7 +32,7 @@ def describe_divergence(tokenizer: Any, held_next: Sequence[int], prompt_next: S
         why = (f"inside the previous answer ({common - answer_start} tokens in): the client's "
                "copy re-renders differently from the generated tokens")
     else:
-        why = "an earlier message differs"
+        why = "a message differs from the held conversation's"
     return f"at token {common}: held {held_text!r} vs prompt {prompt_text!r} ({why})"
 
 
