@@ -29,14 +29,15 @@ def supports_hybrid_chunk(model) -> bool:
 
 
 def hybrid_chunk_prefill_step(model, tokens: torch.Tensor, pos: torch.Tensor, last: torch.Tensor, state,
-                              span: int, ops, use_fla: bool | None = None) -> torch.Tensor:
+                              span: int, ops) -> torch.Tensor:
     """Feed ``tokens`` (LongTensor [T]) at positions ``pos .. pos + T - 1`` (``pos``:
     LongTensor [1], the state's ``n_past``) of ``state``, a
     :class:`~redlite.models.qwen3_5_state.Qwen3_5State`; ``last``: LongTensor [1], the last
     real row (rows after it are padding; its logits are returned). ``span``: cache rows the
     attention reads (``>= pos + T``). Updates the conv/recurrent states in place as the real
     rows alone would and writes the T rows' keys/values; ``n_past`` is left to the caller.
-    ``use_fla``: as :meth:`~redlite.layers.gated_deltanet.GatedDeltaNet.mix`. Returns float32
+    The delta rule runs as :meth:`~redlite.layers.gated_deltanet.GatedDeltaNet.mix` picks it
+    (flash-linear-attention on CUDA where installed, the torch form else). Returns float32
     logits ``[1, vocab]``."""
     x = embedding(tokens, model.embed_weight)
     cos, sin = model.rotary.get(0, state.max_tokens, x.device, x.dtype)
@@ -47,7 +48,7 @@ def hybrid_chunk_prefill_step(model, tokens: torch.Tensor, pos: torch.Tensor, la
         if layer.layer_type == LINEAR:
             mixer = layer.linear_attn
             proj = batch_linear(mixer.linear, h, mixer.in_proj_weight, None)
-            out = mixer.mix(proj, state.conv[i], state.recurrent[i], use_fla=use_fla, last=last)
+            out = mixer.mix(proj, state.conv[i], state.recurrent[i], last=last)
             x = x + batch_linear(mixer.linear, out, mixer.out_weight, None)
         else:
             attn, slot = layer.self_attn, state.kv_slot[i]
