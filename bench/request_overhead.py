@@ -173,6 +173,8 @@ def breakdown(res: dict, stamps: dict) -> dict:
     out["select_cpu"] = 1e3 * _total(stamps, "select", cpu=True)
     out["execute"] = ms(*s["execute"])
     out["execute.park"] = 1e3 * _total(stamps, "park")
+    for k in ("restore", "split_points", "checkpoint", "checkpoint_add"):
+        out["execute." + k] = 1e3 * _total(stamps, k)
     out["settle"] = 1e3 * _total(stamps, "settle")
     out["execute_to_token"] = ms(s["execute"][1], sample[1]) if sample else float("nan")
     out["token_to_sse"] = ms(sample[1], sse_first[0]) if sample and sse_first else float("nan")
@@ -304,6 +306,9 @@ ROWS = [("ttft", "client TTFT (sent -> first token's chunk)"), ("engine", "engin
         ("job.plan", "  reuse plans"), ("job.select", "  candidate selection (placement)"),
         ("select_cpu", "candidate selection, thread CPU time"),
         ("execute", "execute (park + rewind + prefill)"), ("execute.park", "  parking the cut tail"),
+        ("execute.restore", "  checkpoint restored (hybrid)"),
+        ("execute.split_points", "  prefill split points (hybrid: reads the message boundaries)"),
+        ("execute.checkpoint", "  checkpoint taken (hybrid)"), ("execute.checkpoint_add", "  checkpoint stored (hybrid)"),
         ("settle", "parking bookkeeping (Parker.settle: once the first token is held, after the TTFT)"),
         ("execute_to_token", "first token sampled"), ("token_to_sse", "token -> its SSE chunk written"),
         ("sse_to_client", "SSE chunk -> client"), ("record_turn", "replay record (after the answer)")]

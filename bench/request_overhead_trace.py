@@ -38,6 +38,10 @@ STAGES = [
     ("park", "redlite.core.conversations:Conversations", "before_cut"),
     ("prefill", "redlite.engine.torch_engine:TorchEngine", "prefill"),
     ("rewind", "redlite.engine.torch_engine:TorchEngine", "rewind"),
+    ("restore", "redlite.engine.torch_checkpoints:TorchCheckpoints", "restore_checkpoint"),
+    ("checkpoint", "redlite.engine.torch_checkpoints:TorchCheckpoints", "take_checkpoint"),
+    ("checkpoint_add", "redlite.core.checkpoints:CheckpointStore", "add"),
+    ("split_points", "redlite.core.generation", "prefill_split_points"),
     ("sample", "redlite.core.token_loop:HostLoop", "next"),
     ("sample", "redlite.core.token_loop:StreamLoop", "next"),  # device sampling (CUDA): one of the two
     ("settle", "redlite.core.parker:Parker", "settle"),
