@@ -2,6 +2,8 @@
 real server with the echo engine in its non-rewindable mode."""
 
 import httpx
+import random
+
 import pytest
 
 from echo_app import echo_client
@@ -112,6 +114,29 @@ def test_split_points_keep_pieces_of_at_least_min_piece():
     assert prefill_split_points(100, 116, [102, 113], 1024, min_piece=0) == [102, 113, 116]
     # long prompts keep their boundaries and interval cuts, less those too close to a neighbour
     assert prefill_split_points(0, 3000, [5, 40, 2000, 2990, 3000], 1024, min_piece=32) == [40, 1024, 2000, 2048, 3000]
+
+
+def test_split_points_leave_lazy_ends_unread_when_no_cut_could_stay():
+    from redlite.core.tokenizer import LazyPositions
+
+    reads = []
+    ends = LazyPositions(lambda: reads.append(1) or [102, 113])
+    assert prefill_split_points(100, 116, ends, 1024, min_piece=32) == [116]
+    assert prefill_split_points(100, 116, ends, 1024, min_piece=32, preamble=105) == [105, 116]
+    assert not ends.known and not reads
+    # a prefill of twice min_piece may hold a cut: the ends are read then
+    assert prefill_split_points(100, 164, ends, 0, min_piece=32) == [164]
+    assert ends.known and len(reads) == 1
+    assert prefill_split_points(100, 164, [132], 0, min_piece=32) == [132, 164]
+    # whatever the ends and interval, a range under 2 * min_piece has no cut but the preamble
+    rng = random.Random(5)
+    for _ in range(300):
+        start, piece = rng.randrange(0, 500), rng.randrange(1, 80)
+        end = start + rng.randrange(1, 2 * piece)
+        marks = sorted(rng.sample(range(0, 700), 6))
+        preamble = rng.choice([None, *marks])
+        expect = ([preamble] if preamble is not None and start < preamble < end else []) + [end]
+        assert prefill_split_points(start, end, marks, rng.choice([0, 7, 64]), piece, preamble) == expect
 
 
 def test_split_points_always_cut_the_preamble():

@@ -110,3 +110,27 @@ def test_before_a_long_prefill_the_miss_line_comes_first():
                                message_info=[("user", None), ("user", None)])
     _run(gen, request, events)
     assert reads and "prefill" not in events[:reads[0]]
+
+
+def test_a_checkpointing_engine_leaves_them_unread_before_a_short_second_turn():
+    """With a minimum piece (the GPU's), a second turn's short prefill has no cut to make: the
+    held conversation's pinned preamble stands in for the prompt's, and the boundaries wait
+    until after the first token."""
+    engine = EchoEngine()
+    engine.can_rewind = False
+    engine.checkpoint_min_piece = 64
+    gen = Generator(engine, ByteTokenizer(), GeneratorSettings(checkpoint_bytes=1 << 20))
+    first = [65 + i % 26 for i in range(300)]
+    roles = [("system", None), ("user", None)]
+    reads: list[int] = []
+    request, events = _request(first, [200, 300], reads, max_tokens=2, message_info=roles)
+    _run(gen, request, events)
+    assert reads and "prefill" not in events[:reads[0]]  # a long first prefill: cut at 200
+    assert gen.checkpoints.pinned == 200 and 200 in gen.checkpoints.positions
+    second = gen.held_ids + [66] * 20
+    reads = []
+    request, events = _request(second, [200, 300, len(second)], reads, max_tokens=4,
+                               message_info=roles + [("assistant", None), ("user", None)])
+    _run(gen, request, events)
+    assert reads and "output" in events[:reads[0]], events
+    assert gen.checkpoints.pinned == 200 and len(second) in gen.checkpoints.positions

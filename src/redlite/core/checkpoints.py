@@ -33,7 +33,12 @@ def prefill_split_points(start: int, end: int, message_ends: Iterable[int], inte
     the neighbouring checkpoint later (a second turn's few new tokens stay one piece).
     preamble: the end of system + tools (:func:`preamble_end`), cut whatever ``min_piece``
     says: a new conversation with the same preamble restores it instead of reading it again.
+    ``message_ends`` is not read when no cut of it could be kept (``end - start`` under twice
+    ``min_piece``): it may be lazy (:class:`redlite.core.tokenizer.LazyPositions`), and a
+    second turn's prefill need not wait for it.
     """
+    if min_piece > 0 and end - start < 2 * min_piece:
+        message_ends, interval = (), 0  # every cut would leave a piece under min_piece
     points = sorted({p for p in message_ends if start < p < end}
                     | (set(range((start // interval + 1) * interval, end, interval)) if interval > 0 else set())
                     | ({preamble} if preamble is not None and start < preamble < end else set()))
@@ -75,6 +80,11 @@ class CheckpointStore:
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self._items)
+
+    @property
+    def pinned(self) -> int | None:
+        """Position of the pinned (preamble) checkpoint, or None."""
+        return self._pinned
 
     def items(self) -> list[Checkpoint]:
         return list(self._items)

@@ -141,8 +141,7 @@ class Generator:
             self.sequence.note_prompt(prompt)
             return logits, True
         checkpointing = not engine.can_rewind and self.settings.checkpoint_bytes > 0
-        preamble = preamble_end(request.message_ends, [role for role, _ in request.message_info]) \
-            if checkpointing else None
+        preamble = self._preamble(plan, request) if checkpointing else None
         if not checkpointing:
             ends = [len(prompt)]
         else:  # checkpoints on message boundaries, every checkpoint_interval tokens, at the end
@@ -172,6 +171,18 @@ class Generator:
             log.info("checkpoints: %d (%d bytes)", len(self.checkpoints), self.checkpoints.nbytes)
         self.sequence.note_prompt(prompt)
         return logits, True
+
+    def _preamble(self, plan: ReusePlan, request: GenerationRequest) -> int | None:
+        """Where the prompt's leading system messages end (:func:`preamble_end`). For a prefill
+        too short to be cut (under twice the minimum piece), the held conversation's pinned
+        preamble when it lies in the kept prefix, so a second turn does not wait for the
+        message boundaries: the prompt shares those tokens, so its system messages end there
+        too. A template could defeat that guess; it places a checkpoint, never a token."""
+        pinned, min_piece = self.checkpoints.pinned, self._min_piece()
+        if pinned is not None and pinned <= plan.keep and min_piece > 0 \
+                and len(request.prompt_ids) - plan.keep < 2 * min_piece:
+            return pinned
+        return preamble_end(request.message_ends, [role for role, _ in request.message_info])
 
     def _min_piece(self) -> int:
         if self.settings.checkpoint_min_piece is not None:
