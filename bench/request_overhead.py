@@ -208,7 +208,13 @@ def shape_model(work: Path, ctx: int, args) -> Path:
 def run(args) -> dict:
     ctx = int(max(args.held) * 1.1) + 4096
     work = Path(tempfile.mkdtemp(prefix="request-overhead-"))
-    model = build_model(work / "model", ctx, args.tokenizer) if not args.shape else shape_model(work, ctx, args)
+    cached = Path(args.model_cache) / args.shape if args.shape and args.model_cache else None
+    if cached is not None and (cached / "config.json").is_file():
+        model = cached  # built by an earlier run with the same --model-cache
+    elif args.shape:
+        model = shape_model(Path(args.model_cache) if args.model_cache else work, ctx, args)
+    else:
+        model = build_model(work / "model", ctx, args.tokenizer)
     trace = work / "trace.jsonl"
     port = _free_port()
     profile = ["--profile", str(Path(args.profile).resolve())] if args.profile else []
@@ -347,6 +353,9 @@ def main() -> None:
                         help="httpx: the client of bench/serve_gpu.py (its own cost is in the TTFT)")
     parser.add_argument("--tokenizer", default=None,
                         help="folder with the tokenizer files (default: the bundled model's)")
+    parser.add_argument("--model-cache", default=None,
+                        help="with --shape: build the model in this folder once, and serve it from there "
+                             "in later runs with the same folder and --held (e.g. to compare --src trees)")
     parser.add_argument("--shape", default=None,
                         help="serve bench/serve_gpu.py's random model of this shape (e.g. 8b) instead of the "
                              "tiny one; pass --server-arg=--device --server-arg=cuda for the GPU")
