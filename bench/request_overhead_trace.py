@@ -45,6 +45,15 @@ STAGES = [
     ("sample", "redlite.core.token_loop:HostLoop", "next"),
     ("sample", "redlite.core.token_loop:StreamLoop", "next"),  # device sampling (CUDA): one of the two
     ("settle", "redlite.core.parker:Parker", "settle"),
+    # finer stamps, kept in the trace (--keep-trace) for a closer look, not in the table
+    ("park_live", "redlite.core.parker:Parker", "park_live"),
+    ("snapshot_range", "redlite.engine.torch_ranges:TorchRanges", "snapshot_range"),
+    ("export_recurrent", "redlite.models.qwen3_5_state:Qwen3_5State", "export_recurrent"),
+    ("token_loop", "redlite.core.generation:Generator", "_token_loop"),
+    ("token_stream", "redlite.engine.torch_graphs:TorchGraphs", "token_stream"),
+    ("sampling_set", "redlite.engine.device_sampling:DeviceSampling", "set"),
+    ("sample_first", "redlite.engine.cuda_graphs:GraphDecoder", "sample_first"),
+    ("incremental_decoder", "redlite.loading.tokenizer:HFTokenizer", "incremental_decoder"),
     ("record_turn", "redlite.server.chat_service", "record_turn"),
 ]
 ENGINE = ("prefill", "rewind", "sample")
