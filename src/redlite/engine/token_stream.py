@@ -11,12 +11,30 @@ the device already runs the step that feeds it.
 from __future__ import annotations
 
 import collections
+import weakref
 
 import torch
 
 from redlite.engine.base import EngineError, SamplingParams, TokenStream
+from redlite.engine.device_sampling import SAMPLE
 
 _SLOTS = 4  # unread ids at most: 2 (the one being read and the one sampled by the step ahead)
+#: per decoder, its pinned host slots and their events: made once, reused by each stream
+_READ_SLOTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _read_slots(decoder) -> tuple[torch.Tensor, list]:
+    """``decoder``'s host slots (int64 [_SLOTS], pinned on CUDA) and one event per slot (None
+    off CUDA), made on its first stream. A later stream on the same decoder reuses them: its
+    copies queue behind the earlier stream's on the one CUDA stream, so a slot is never read
+    before the copy that stream made into it."""
+    slots = _READ_SLOTS.get(decoder)
+    if slots is None:
+        pinned = decoder.device.type == "cuda"
+        slots = (torch.zeros(_SLOTS, dtype=torch.long, pin_memory=pinned),
+                 [torch.cuda.Event() if pinned else None for _ in range(_SLOTS)])
+        _READ_SLOTS[decoder] = slots
+    return slots
 
 
 class DeviceTokenStream(TokenStream):
@@ -26,14 +44,13 @@ class DeviceTokenStream(TokenStream):
 
     def __init__(self, engine, decoder, params: SamplingParams, mode: str, logits: torch.Tensor):
         self.engine, self.decoder, self.mode = engine, decoder, mode
-        pinned = decoder.device.type == "cuda"
-        self._host = torch.zeros(_SLOTS, dtype=torch.long, pin_memory=pinned)
-        self._events = [torch.cuda.Event() if pinned else None for _ in range(_SLOTS)]
+        self._host, self._events = _read_slots(decoder)
         self._unread: collections.deque[int] = collections.deque()
         self._next_slot = 0
         self._fed_at: int | None = None  # where the last feed put its token (for undo)
         with torch.inference_mode():  # the decoder's tensors are inference tensors
-            self.seed = decoder.sampling.set(params)
+            # greedy steps read no settings: no host-to-device copies for them
+            self.seed = decoder.sampling.set(params) if mode == SAMPLE else None
             decoder.sample_first(logits, mode)
             self._queue_read()
 
