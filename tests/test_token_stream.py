@@ -318,12 +318,13 @@ def test_gpu_warmup_captures_every_graph_and_stream_matches_host():
     model = tiny_llama().to("cuda")
     engine = TorchEngine(model, ctx_size=4096, device="cuda")
     report = warm_up(engine, tok, prefill_chunk=512)
-    decoder = engine.graph_decoder()
-    assert report.graphs == decoder.n_graphs == 3 * len(decoder.spans) and engine.n_past == 0
+    decoder, chunks = engine.graph_decoder(), engine.chunk_graphs()
+    assert decoder.n_graphs == 3 * len(decoder.spans) and chunks is not None and chunks.n_graphs > 0
+    assert report.graphs == decoder.n_graphs + chunks.n_graphs and engine.n_past == 0
     gen = Generator(engine, tok, GeneratorSettings())
     prompt = chat("hello gpu")
     streamed = run(gen, prompt, max_tokens=48, sampling=SamplingParams(temperature=0))[1]
-    assert decoder.n_graphs == report.graphs  # the request captured nothing
+    assert decoder.n_graphs + chunks.n_graphs == report.graphs  # the request captured nothing
     engine.reset()
     gen = Generator(engine, tok)
     host = run(gen, prompt, max_tokens=48, sampling=SamplingParams(temperature=0, logprobs=0))[1]

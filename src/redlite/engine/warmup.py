@@ -28,7 +28,8 @@ GPU_CHECKPOINT_MIN_PIECE = 64
 
 @dataclass
 class WarmupReport:
-    """seconds: wall time of the warm-up (0 when skipped). graphs: CUDA graphs captured.
+    """seconds: wall time of the warm-up (0 when skipped). graphs: CUDA graphs the engine holds
+    after it (decode and chunk graphs, those a warm-up prefill captured included).
     prefills: the prefill lengths run. skipped: why nothing was done (None when it ran).
     graph_prefill_tokens: the engine's measured ``graph_prefill_tokens`` (0: not set)."""
 
@@ -60,8 +61,9 @@ def warm_up(engine, tokenizer=None, prefill_chunk: int = 512, devices=("cuda",))
     report = WarmupReport()
     with torch.inference_mode():
         report.prefills = _prefills(engine, prefill_chunk)
-        report.graphs = _graphs(engine)
+        _graphs(engine)
         _streams(engine)
+        report.graphs = _held_graphs(engine)  # with those a prefill shape captured on the way
         if report.graphs and device.type == "cuda":
             report.graph_prefill_tokens = _graph_prefill(engine)
             if not engine.can_rewind:
@@ -134,11 +136,22 @@ def _prefills(engine, chunk: int) -> tuple[int, ...]:
 
 
 def _graphs(engine) -> int:
-    if engine.graph_decoder() is None:
+    """Capture ``engine``'s graphs (decoder and chunk graphs) at 3 held tokens; returns the
+    graphs it holds then (see :func:`_held_graphs`)."""
+    if engine.graph_decoder() is not None:
+        engine.reset()
+        engine.prefill(_ids(3, engine.vocab_size))
+        engine.capture_graphs()
+    return _held_graphs(engine)
+
+
+def _held_graphs(engine) -> int:
+    """CUDA graphs ``engine`` holds: its decoder's and its chunk graphs (0 without a decoder)."""
+    decoder = engine.graph_decoder()
+    if decoder is None:
         return 0
-    engine.reset()
-    engine.prefill(_ids(3, engine.vocab_size))
-    return engine.capture_graphs()
+    chunks = engine.chunk_graphs()
+    return decoder.n_graphs + (chunks.n_graphs if chunks is not None else 0)
 
 
 def _streams(engine) -> None:
