@@ -245,6 +245,7 @@ def test_sdk_tool_calling_loop_with_thinking(echo, streamed):
             assert kinds == ["thinking", "tool_use"] and message.stop_reason == "tool_use"
             call = message.content[1]
             assert (call.name, call.input) == [("ls", {"path": "."}), ("cat", {"path": "a.txt"})][turn]
+            assert call.id.startswith("toolu_") and len(call.id) == 30  # Anthropic's id style
         else:
             assert kinds == ["thinking", "text"] and message.content[1].text == "The file says hi."
             assert message.stop_reason == "end_turn"
@@ -264,6 +265,7 @@ def test_forced_tool_choice(echo):
                                         tool_choice={"type": "tool", "name": "ls"},
                                         messages=[{"role": "user", "content": call_text("ls", {"path": "/"})}])
     assert [b.type for b in message.content] == ["tool_use"] and message.content[0].input == {"path": "/"}
+    assert message.content[0].id.startswith("toolu_")
 
 
 def test_a_final_assistant_message_is_a_prefill_the_answer_continues(echo):

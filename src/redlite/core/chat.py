@@ -49,6 +49,8 @@ class ChatRequest:
     continue_final: the last message is an assistant prefill (non-empty text content) that the
         answer continues (Anthropic's semantics): rendered without its end of turn, and the
         answer holds only the continuation.
+    call_id_prefix: how the ids the server gives tool calls begin (``call_``; Anthropic's
+        surface ``toolu_``).
     """
 
     messages: list[dict]
@@ -65,6 +67,7 @@ class ChatRequest:
     n: int = 1
     session_key: str | None = None
     continue_final: bool = False
+    call_id_prefix: str = "call_"
     request_id: str = field(default_factory=lambda: f"req-{uuid.uuid4().hex[:24]}")
 
 
@@ -80,9 +83,10 @@ class ToolCall:
     arguments: str
 
 
-def new_tool_call_id() -> str:
-    """A fresh tool-call id in OpenAI's style (``call_`` + 24 hex digits)."""
-    return f"call_{uuid.uuid4().hex[:24]}"
+def new_tool_call_id(prefix: str = "call_") -> str:
+    """A fresh tool-call id: ``prefix`` + 24 hex digits (OpenAI's style ``call_``,
+    Anthropic's ``toolu_``)."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
 @dataclass

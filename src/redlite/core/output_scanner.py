@@ -60,6 +60,8 @@ class ParseOptions:
     schemas: tool name -> JSON schema of its parameters (types of qwen3_coder values).
     max_calls: most calls in one answer (1 for ``parallel_tool_calls: false``); the generation
         stops when that many calls are complete, None: no limit.
+    call_id_prefix: how the ids the server gives calls begin (the wire API's style: ``call_``
+        for OpenAI's, ``toolu_`` for Anthropic's).
 
     Whatever max_calls, the generation stops at a complete call that repeats an earlier call of
     the same answer exactly (same name, same argument text): a model in a loop, not a plan
@@ -71,16 +73,18 @@ class ParseOptions:
     start_in_reasoning: bool = False
     schemas: dict[str, dict] = field(default_factory=dict)
     max_calls: int | None = None
+    call_id_prefix: str = "call_"
 
 
 class OutputScanner:
     """See module docstring. ``push(text) -> (events, stopped)``; ``finish(reason)``."""
 
     def __init__(self, stops: list[str], options: ParseOptions | None = None,
-                 new_id: Callable[[], str] = new_tool_call_id) -> None:
+                 new_id: Callable[[], str] | None = None) -> None:
         self.options = options or ParseOptions()
         self._stop = StopScanner(stops)
-        self._new_id = new_id
+        prefix = self.options.call_id_prefix
+        self._new_id = new_id or (lambda: new_tool_call_id(prefix))
         self._mode = "reasoning" if self.options.reasoning and self.options.start_in_reasoning else "content"
         self._pending = ""
         self._ws = ""            # trailing whitespace held in content / reasoning

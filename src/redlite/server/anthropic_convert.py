@@ -229,7 +229,7 @@ def to_chat_request(body: CountTokensRequest, session_key: str | None = None) ->
     request = ChatRequest(messages=messages, tools=convert_tools(body),
                           tool_choice=tool_choice, parallel_tool_calls=parallel,
                           template_kwargs=template_kwargs(body), session_key=session_key,
-                          continue_final=bool(prefill))
+                          continue_final=bool(prefill), call_id_prefix="toolu_")
     if isinstance(body, MessagesRequest):
         request.max_tokens = body.max_tokens
         request.sampling = SamplingParams(

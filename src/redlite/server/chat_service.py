@@ -283,7 +283,7 @@ class ChatService:
         parse = ParseOptions(
             tool_format=fmt, reasoning=self.reasoning_format,
             start_in_reasoning=start_in_reasoning, schemas=tool_schemas(request.tools),
-            max_calls=None if request.parallel_tool_calls else 1)
+            max_calls=None if request.parallel_tool_calls else 1, call_id_prefix=request.call_id_prefix)
         if not ids:
             raise APIError(400, "the prompt is empty", "messages")
         if fit:
