@@ -335,3 +335,16 @@ def test_structured_output_follows_the_schema(echo):
                                                  "output_config": {"format": {"type": "json_schema",
                                                                               "schema": {"type": "bogus"}}}})
     assert bad.status_code == 400 and "output_config.format" in bad.json()["error"]["message"]
+
+
+def test_a_tool_use_without_its_result_is_answered(echo):
+    """Unlike Anthropic's API (a 400), a history whose tool_use lacks a tool_result in the next
+    message is served as it stands (README: a history an agent broke still gets an answer)."""
+    calls = [{"type": "tool_use", "id": f"toolu_{i}", "name": "ls", "input": {"path": p}}
+             for i, p in enumerate((".", "/"))]
+    messages = [{"role": "user", "content": "list both"}, {"role": "assistant", "content": calls},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_0", "content": "a.txt"}]}]
+    r = echo.client.post("/v1/messages", json={"model": "m", "max_tokens": 20, "tools": TOOLS,
+                                                "messages": messages})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["text"] == "a.txt"  # the echo engine repeats the tool result
