@@ -70,7 +70,7 @@ class ParkLog(logging.Handler):
 
     def emit(self, record):
         message = record.getMessage()
-        m = re.match(r"parked (\d+) tok \((\d+) bytes\) in ([\d.]+) ms: .* tier=(\w+)", message)
+        m = re.search(r"parked (\d+) tok \((\d+) bytes\) in ([\d.]+) ms: .* tier=(\w+)", message)
         if m:
             self.parks.append((int(m[1]), int(m[2]), float(m[3]), m[4]))
         m = re.search(r"restored from (\w+) (\d+) tok in ([\d.]+) ms", message)

@@ -66,7 +66,7 @@ def test_two_conversations_taking_turns_stay_in_their_own_slots(parallel, system
     moves = [line for line in lines if any(w in line for w in ("parked ", "restored from", "copied "))]
     assert not [line for line in moves if line.split()[0] in later], moves
     # parked: only the earlier conversations that A's and B's first turns replace
-    assert len([line for line in moves if line.startswith("parked ")]) == (2 if before else 0), moves
+    assert len([line for line in moves if " parked " in line]) == (2 if before else 0), moves
     # each later turn prefills only its new message: the previous turn's prompt and answer are kept
     previous = {}
     for name, body in replies:
@@ -74,3 +74,18 @@ def test_two_conversations_taking_turns_stay_in_their_own_slots(parallel, system
         if name in previous:
             assert usage["prompt_tokens_details"]["cached_tokens"] >= previous[name], (name, usage)
         previous[name] = usage["prompt_tokens"] + usage["completion_tokens"] - 1
+
+
+@pytest.mark.timeout(60)
+def test_a_parking_line_starts_with_its_requests_id(caplog):
+    """The regenerate that parks the old answer names itself first on its 'parked' line, as on
+    its other lines (the id is the response's)."""
+    from echo_app import echo_client
+
+    body = {"messages": [{"role": "user", "content": "tell me a story " * 20}], "max_tokens": 6}
+    with caplog.at_level(logging.INFO), echo_client() as client:
+        first = client.post("/v1/chat/completions", json=body)
+        again = client.post("/v1/chat/completions", json=body)
+    assert first.status_code == again.status_code == 200
+    parked = [r.getMessage() for r in caplog.records if " parked " in r.getMessage()]
+    assert parked and all(line.split()[0] == again.json()["id"] for line in parked), parked

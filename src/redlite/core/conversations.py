@@ -83,7 +83,7 @@ class Conversations(Parker):
         session: the request's session key; that session's parked RAM entry is the first
         candidate (it wins ties). source: another slot's conversation (idle while this runs)
         whose usable prefix is a candidate too."""
-        self._session = session
+        self._session, self.request_id = session, request_id
         try:
             self._select(gen, prompt, request_id, source)
         except Exception:  # never fails the request; the generator's plan sees the state

@@ -208,10 +208,14 @@ class Generator:
                 request.error = error
             self.sequence.touch()
             return
-        for index in range(max(1, request.n)):
-            if index and request.cancelled.is_set():
-                return
-            yield from self._run_choice(request, index)
+        try:
+            for index in range(max(1, request.n)):
+                if index and request.cancelled.is_set():
+                    return
+                yield from self._run_choice(request, index)
+        finally:
+            if self.parking is not None:
+                self.parking.request_id = None  # later parking lines (a slot task's) are no request's
 
     def _token_loop(self, request: GenerationRequest, index: int, logits: Any) -> HostLoop | StreamLoop:
         """The engine's token stream for this choice when it serves its sampling params, else

@@ -55,6 +55,11 @@ class Parker:
         self.tails = True
         self.replay = None  # exact replay's turns (ReplayStore; Conversations.attach_replay)
         self._pending = None  # a deferred park_live's bookkeeping: (gen, park() arguments)
+        self.request_id: str | None = None  # the running request's (its parking lines start with it)
+
+    def _who(self) -> str:
+        """The running request's id and a space, the start of its parking lines ('' outside one)."""
+        return f"{self.request_id} " if self.request_id else ""
 
     def _with_turns(self, entry: ParkedEntry) -> ParkedEntry:
         """``entry`` with the store's turns its held ids hold added to its own."""
@@ -121,7 +126,7 @@ class Parker:
             estimate = (state + sum(c.nbytes for c in gen.checkpoints.items() if c.position > keep)
                         + ID_BYTES_PER_TOKEN * n)
         except Exception as error:
-            log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
+            log.warning("%spark failed %d tok reason=%s: %s", self._who(), n, type(error).__name__, error)
             return
         pool = self.pool
         on_device = bool(pool is not None and engine.device_resident
@@ -132,8 +137,8 @@ class Parker:
         hashes = gen.sequence.held_hashes(pool.block) if pool is not None else None
         superseded = self._superseded(gen.held_ids, protected, engine.can_rewind, hashes, live=True)
         if not to_disk and (pool is None or not self._admission(stats, superseded, protected).admit):
-            log.info("evicted %d tok (%d bytes) from live reason=no-room -> dropped (not copied)",
-                     n - keep, estimate)
+            log.info("%sevicted %d tok (%d bytes) from live reason=no-room -> dropped (not copied)",
+                     self._who(), n - keep, estimate)
             return
         try:
             key = self.pool.new_key() if self.pool is not None else f"live-{id(gen)}-{started}"
@@ -145,11 +150,11 @@ class Parker:
                 except Exception as error:  # noqa: BLE001 - device memory short: host memory
                     if not on_device:
                         raise
-                    log.warning("park on device failed (%s: %s); host memory instead",
-                                type(error).__name__, error)
+                    log.warning("%spark on device failed (%s: %s); host memory instead",
+                                self._who(), type(error).__name__, error)
                     entry = capture_tail(gen, key, self._clock(), keep, False)
         except Exception as error:
-            log.warning("park failed %d tok reason=%s: %s", n, type(error).__name__, error)
+            log.warning("%spark failed %d tok reason=%s: %s", self._who(), n, type(error).__name__, error)
             return
         if defer and entry.is_tail and self.tails and pool is not None and \
                 not any(e.base > keep for e in pool.children(LIVE)):
@@ -195,7 +200,7 @@ class Parker:
             return
         for key in superseded:
             old = self.pool.pop(key)
-            log.info("evicted %d tok from %s reason=superseded", len(old.held_ids), old.tier)
+            log.info("%sevicted %d tok from %s reason=superseded", self._who(), len(old.held_ids), old.tier)
         for key in plan.evict:
             self._spill(self.pool.pop(key), "value", protected, can_rewind)
         self.pool.add(entry, hashes)
@@ -205,8 +210,8 @@ class Parker:
         if started is not None:
             self._timed("park", entry.tier, seconds)
         ms = seconds * 1000.0
-        log.info("parked %d tok (%d bytes) in %.1f ms: tokens [%d, %d) tier=%s as %s (%s)%s; pool "
-                 "%d entries, %d bytes host, %d bytes device", n - entry.base, entry.nbytes, ms,
+        log.info("%sparked %d tok (%d bytes) in %.1f ms: tokens [%d, %d) tier=%s as %s (%s)%s; pool "
+                 "%d entries, %d bytes host, %d bytes device", self._who(), n - entry.base, entry.nbytes, ms,
                  entry.base, n, entry.tier, entry.key,
                  f"tail on the live prefix [0, {entry.base})" if entry.is_tail else "whole",
                  f" session={entry.session}" if entry.session else "", len(self.pool),
@@ -218,7 +223,7 @@ class Parker:
         enough, saved whole (a tail entry joined with its chain's prefix), else dropped."""
         n = len(entry.held_ids)
         to_disk = self.sessions is not None and self.sessions.eligible(n)
-        log.info("evicted %d tok (%d bytes) from %s reason=%s -> %s", n - entry.base, entry.nbytes,
+        log.info("%sevicted %d tok (%d bytes) from %s reason=%s -> %s", self._who(), n - entry.base, entry.nbytes,
                  source or entry.tier, reason, "disk" if to_disk else "dropped")
         if to_disk:
             try:
@@ -241,6 +246,7 @@ class Parker:
         (optional) is asked before each file: True ends the saving (a second signal); each
         file is written inside ``guard()`` (a context manager: the process does not end
         while a file is being written). Returns the files written or found identical."""
+        self.request_id = None  # no request runs now
         if self.sessions is None:
             return 0
         entries: list[ParkedEntry] = []
