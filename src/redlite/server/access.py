@@ -7,8 +7,9 @@ every error body). When the request ends, one line goes to the ``redlite.access`
 
 (duration in milliseconds from the first byte of the request to the end of the response; the
 token fields only when a generation ran). A generation whose client left (a stream whose
-connection closed) stops at its next prefill chunk or token, after the response has ended: the
-line waits for that, up to :data:`SETTLE_S`, so it carries the counts of what ran. An exception
+connection closed, or one the server cut as it stops) stops at its next prefill chunk or token,
+after the response has ended: the line waits for that, up to :data:`SETTLE_S` (while stopping
+:data:`STOP_SETTLE_S`), so it carries the counts of what ran. An exception
 that escapes the application is logged with its traceback and answered with 500 ``internal
 server error`` in the surface's error shape (when the response has not started yet; else the
 connection is closed by the server).
@@ -30,6 +31,7 @@ access_log = logging.getLogger("redlite.access")
 
 SCOPE_KEY = "redlite.context"
 SETTLE_S = 10.0  # the longest the log line waits for a cancelled generation to stop
+STOP_SETTLE_S = 1.0  # the same while the server stops (a cut stream's line still has its counts)
 
 
 @dataclass
@@ -90,8 +92,8 @@ def note_event(scope, event) -> None:
 class AccessMiddleware:
     """Pure ASGI middleware: see the module docstring. ``on_end(scope, context)`` (optional)
     runs after each HTTP request, after the log line (the metrics count it there).
-    ``stopping()`` (optional): True once the server is shutting down (then the line does not
-    wait for a cancelled generation's counts)."""
+    ``stopping()`` (optional): True once the server is shutting down (then the line waits for
+    a cancelled generation's counts up to :data:`STOP_SETTLE_S`, not :data:`SETTLE_S`)."""
 
     def __init__(self, app, on_end=None, stopping=None) -> None:
         self.app = app
@@ -126,8 +128,7 @@ class AccessMiddleware:
         finally:
             context.ended = time.perf_counter()
             try:
-                if not self.stopping():
-                    await _cancelled_generation_end(context)
+                await _cancelled_generation_end(context, STOP_SETTLE_S if self.stopping() else SETTLE_S)
             finally:
                 self._log(scope, context)
                 if self.on_end is not None:
@@ -144,13 +145,14 @@ class AccessMiddleware:
         access_log.info(line, extra={"access": record})
 
 
-async def _cancelled_generation_end(context: RequestContext) -> None:
-    """Wait (up to :data:`SETTLE_S`) for the request's generation to end when its client left
-    and it still runs: its token counts are noted when it ends (:func:`note_event`)."""
+async def _cancelled_generation_end(context: RequestContext, settle_s: float) -> None:
+    """Wait (up to ``settle_s`` seconds) for the request's generation to end when its client
+    left or the server stops it and it still runs: its token counts are noted when it ends
+    (:func:`note_event`)."""
     job = context.job
     if job is not None and job.request.cancelled.is_set() and not job.finished.is_set():
         try:
-            await asyncio.to_thread(job.finished.wait, SETTLE_S)
+            await asyncio.to_thread(job.finished.wait, settle_s)
         except asyncio.CancelledError:  # a forced stop cancels the wait: log what is known
             pass
 
