@@ -117,6 +117,7 @@ def test_signal_while_queued_and_decoding_stream(start_server):
     assert len(running.lines) < 200
     assert [w.result().message() for w in waiting] == [DOWN, DOWN]
     assert exit_status(server) == 0
+    assert server.log().rstrip().endswith("stopped (exit status 0)")
     # the cut stream's access line is written once its generation stopped: with its counts
     lines = [line for line in server.log().splitlines() if "POST /v1/chat/completions 200" in line]
     assert len(lines) == 1 and " generated=" in lines[0], lines

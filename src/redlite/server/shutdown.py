@@ -123,7 +123,9 @@ class Stopper:
 def leave(status: int, engine_thread_alive: bool) -> int:
     """Return ``status`` for a normal interpreter exit, or, when the engine thread is still
     inside an operation (finalizing the interpreter then aborts in torch's C++ runtime), flush
-    the logs and standard streams and end the process now with ``os._exit(status)``."""
+    the logs and standard streams and end the process now with ``os._exit(status)``. Logs
+    ``stopped (exit status N)`` first: the log's last line says the server is gone."""
+    log.info("stopped (exit status %d)", status)
     if not engine_thread_alive:
         return status
     log.info("the engine is still inside an operation: leaving without finalizing")
