@@ -198,6 +198,7 @@ def test_signal_while_loading_exits_zero():
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out
+    assert out.rstrip().endswith("stopped (exit status 0)"), out
     assert "Traceback" not in out and "listening on" not in out
 
 

@@ -270,7 +270,7 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
     # a signal while loading: stop once loaded; a second one: at once
     stopper.on_second.append(lambda: None if serving.is_set() else leave(0, True))
     if stopper.requested.is_set():
-        return 0
+        return leave(0, False)
     log.info("loading engine %s", args.engine)
     freeze_imported_modules(args.engine)
     try:
@@ -282,7 +282,7 @@ def serve(args: argparse.Namespace, stopper: Stopper | None = None) -> int:
     worker, parking = built.worker, built.parking
     if stopper.requested.is_set():
         worker.shutdown(wait_s=0.0)
-        return 0
+        return leave(0, False)
     config = uvicorn_config(built.app, args.host, args.port, args.header_timeout_s)
     server = _Server(config, stopper, process_age_s,
                      after_start=lambda: start_tokenizer_prep(built.tokenizer))
