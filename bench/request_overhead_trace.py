@@ -8,7 +8,8 @@ is appended to TRACE: for each stage a list of ``[start, end, thread CPU s]`` st
 
 With ``--profile FILE`` before TRACE, the stages in :data:`PROFILED` also run under one
 :mod:`cProfile` profile (enabled on the thread running the stage), written to FILE
-(``pstats`` format) every 10 requests.
+(``pstats`` format) every 10 requests; the first request (a cold render and prefill) is left
+out.
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ def _install(trace: _Trace, profile_path: str | None = None) -> None:
             finally:
                 trace.flush(record)
                 served[0] += 1
+                if profile is not None and served[0] == 1:
+                    profile.clear()  # the first (cold) request's render and prefill left out
                 if profile is not None and served[0] % 10 == 0:
                     profile.dump_stats(profile_path)
         return timed_app

@@ -85,7 +85,7 @@ def test_restart_keeps_exact_replay_and_the_session(start_server, tmp_path, how)
     assert usage["prompt_tokens_details"]["cached_tokens"] == held
     log = server.log()
     assert "replay: 2 turns of saved conversations kept (2 in files)" in log, log
-    assert "replay: 1 generated turns spliced session=main-1" in log
+    assert "replay: 1 generated turn spliced session=main-1" in log
     assert "restored from disk" in log and "session=main-1" in log
     if spill:
         assert "reason=no-room -> disk" in first.log()

@@ -58,6 +58,7 @@ class Conversations(Parker):
                  clock=time.time, timer=time.perf_counter) -> None:
         super().__init__(pool, sessions, clock, timer)
         self._session: str | None = None  # the current request's session key
+        self._notes: list | None = None  # the current request's notes (see select)
 
     def attach_replay(self, store: ReplayStore) -> int:
         """Use ``store`` for the exact-replay turns of parked and saved conversations, and
@@ -78,12 +79,15 @@ class Conversations(Parker):
     # --- the candidate-selection step --------------------------------------------------------
 
     def select(self, gen: "Generator", prompt: list[int], request_id: str = "req",
-               session: str | None = None, source: SlotPrefix | None = None) -> None:
+               session: str | None = None, source: SlotPrefix | None = None,
+               notes: list | None = None) -> None:
         """Bring the best candidate for ``prompt`` into the engine (see module docstring).
         session: the request's session key; that session's parked RAM entry is the first
         candidate (it wins ties). source: another slot's conversation (idle while this runs)
-        whose usable prefix is a candidate too."""
-        self._session, self.request_id = session, request_id
+        whose usable prefix is a candidate too. notes: where the line saying what was restored
+        goes, as ``(logger, text)`` (the request's ``GenerationRequest.notes``, written after
+        its first token); None: logged at once."""
+        self._session, self.request_id, self._notes = session, request_id, notes
         try:
             self._select(gen, prompt, request_id, source)
         except Exception:  # never fails the request; the generator's plan sees the state
@@ -138,9 +142,12 @@ class Conversations(Parker):
                 seconds = self._timer() - started
                 self._timed("restore", choice.tier, seconds)
                 tail = f" tail [{entry.base}, {len(entry.held_ids)})" if entry.is_tail else ""
-                log.info("%s restored from %s %d tok in %.1f ms (usable %d)%s%s", request_id,
-                         choice.tier, len(entry.held_ids), seconds * 1000.0, choice.usable, tail,
-                         f" session={entry.session}" if entry.session else "")
+                text = (f"restored from {choice.tier} {len(entry.held_ids)} tok in {seconds * 1000.0:.1f} ms "
+                        f"(usable {choice.usable}){tail}" + (f" session={entry.session}" if entry.session else ""))
+                if self._notes is not None:
+                    self._notes.append((log, text))
+                else:
+                    log.info("%s %s", request_id, text)
             elif choice.tier == "disk" and choice.key not in self.sessions:
                 self._select(gen, prompt, request_id, source)  # a refused file left the index
             return

@@ -238,9 +238,9 @@ class Generator:
                           ) -> tuple[ReusePlan, float, Any, bool, Callable[[], None]]:
         """Plan the request on the held state and bring the engine to the prompt's end:
         ``(plan, clock when planned, logits, complete, miss)`` (see :meth:`_execute`);
-        ``miss()`` logs the cache-miss line, if any, once: here before a prefill of more than
-        ``SHORT_PREFILL`` tokens, else when the caller calls it after the first token
-        (describing the difference decodes text and reads message boundaries)."""
+        ``miss()`` logs the request's notes and the cache-miss line, if any, once: here before
+        a prefill of more than ``SHORT_PREFILL`` tokens, else when the caller calls it after
+        the first token (describing the difference decodes text and reads message boundaries)."""
         plan = adopt_held_spelling(self, request)
         prompt = request.prompt_ids
         if len(prompt) > self.engine.max_context:
@@ -249,7 +249,11 @@ class Generator:
             same = request.session_key is None or request.session_key == self.session_key
             self.hits = (self.hits if same else 0) + 1 if plan.keep else 0
         self.session_key = request.session_key
-        miss = self._miss_line(plan, request)
+        miss_line = self._miss_line(plan, request)
+
+        def miss() -> None:  # the request's notes first (a restore, a replay), then the line
+            request.log_notes()
+            miss_line()
         if plan.prefill > SHORT_PREFILL:
             miss()  # before a long prefill: the log says at once why it reads so much
         planned = self._clock()
@@ -305,7 +309,8 @@ class Generator:
             adopt_held_spelling(self, request)  # the live state's spelling first, then selection
             if len(request.prompt_ids) <= self.engine.max_context:
                 # candidate selection: the live state or a parked conversation (never raises)
-                self.parking.select(self, request.prompt_ids, request.request_id, request.session_key)
+                self.parking.select(self, request.prompt_ids, request.request_id, request.session_key,
+                                    notes=request.notes)
         selected = self._clock()
         pending = [self.parking is not None]
 
@@ -316,6 +321,7 @@ class Generator:
         try:
             yield from self._answer(request, index, started, selected, settle)
         finally:
+            request.log_notes()  # not written yet when the choice failed before its plan
             settle()
 
     def _answer(self, request: GenerationRequest, index: int, started: float, selected: float,

@@ -5,6 +5,7 @@ engine run in the request queue), :class:`GenerationResult` (one choice's answer
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -40,6 +41,10 @@ class GenerationRequest:
     tokens, once that prefill is queued instead. The worker's ``started`` event (None: not
     called); the HTTP side's work on it (the response's start) then runs while the device
     computes, not contending for the GIL with selection and launch.
+    notes: ``(logger, text)`` lines about the request (a replay splice, a restored
+    conversation) that the engine thread logs after the request id when it writes the
+    cache-miss line (:meth:`log_notes`): after the first token, or before a long prefill.
+    Writing a log line is host time the TTFT need not wait for.
     """
 
     prompt_ids: list[int]
@@ -55,6 +60,13 @@ class GenerationRequest:
     message_info: list[tuple[str, str | None]] = field(default_factory=list)
     reused: int | None = None
     launched: Callable[[], None] | None = None
+    notes: list[tuple[logging.Logger, str]] = field(default_factory=list)
+
+    def log_notes(self) -> None:
+        """Log and forget the :attr:`notes` (at INFO, each after the request id)."""
+        notes, self.notes = self.notes, []
+        for logger, text in notes:
+            logger.info("%s %s", self.request_id, text)
 
 
 @dataclass

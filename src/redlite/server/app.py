@@ -30,7 +30,7 @@ from redlite.server.access import AccessMiddleware, context_of
 from redlite.server.chat_service import ChatService
 from redlite.server.errors import APIError, prompt_too_long, surface_of
 from redlite.server.validation_errors import first_error, loads_or_none, param_of
-from redlite.server.jobs import RETRY_AFTER_S
+from redlite.server.jobs import RETRY_AFTER_S, in_thread
 from redlite.server.limits import BodyLimitMiddleware
 from redlite.server.metrics import ServerMetrics
 from redlite.server.observe_routes import mount_observe_routes
@@ -154,15 +154,17 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat(request: Request) -> Any:
         raw = await _json_body(request)
         headers, request_id = request.headers, f"chatcmpl-{context_of(request.scope).hex}"
+        loop = asyncio.get_running_loop()
 
-        def prepare():  # parse, build and render off the event loop, in one thread hand-off
+        def prepare():  # parse, build, render and queue off the event loop, in one thread hand-off
             body = _validate(raw, ChatCompletionRequest)
             chat_request = chat_request_of(body, sampling_of(body, chat=True), stops_of(body), request_id)
             chat_request.session_key = session_key_of(
                 headers, body_session_value("openai", body.model_extra or {}))
-            return body, chat_request, state.chat.prepare_sync(chat_request)
-        body, chat_request, prepared = await asyncio.to_thread(prepare)
-        stream = await state.chat.start(chat_request, request, prepared)
+            prepared = state.chat.prepare_sync(chat_request)
+            return body, chat_request, state.chat.enqueue_sync(chat_request, prepared, loop, request)
+        body, chat_request, queued = await in_thread(prepare, lambda done: done[2].job)
+        stream = await state.chat.start(chat_request, request, queued)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(stream_chunks(stream, state.model_id, include_usage,

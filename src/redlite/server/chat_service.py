@@ -39,7 +39,7 @@ from redlite.core.output_scanner import REASONING_FORMATS, TOOL_FORMATS, ParseOp
 from redlite.core.worker import Event, Job
 from redlite.server.errors import APIError, as_api_error, prompt_too_long
 from redlite.server.access import context_of
-from redlite.server.jobs import RETRY_AFTER_S, submit, watch_disconnect
+from redlite.server.jobs import RETRY_AFTER_S, enqueue, in_thread, wait_started, watch_disconnect
 
 log = logging.getLogger("redlite.chat")
 
@@ -84,6 +84,16 @@ class PreparedChat:
     replayed: int = 0
     last_message: Any = None
     continued: bool = False  # the answer continues an assistant prefill (not kept for replay)
+
+
+@dataclass
+class QueuedChat:
+    """A prepared chat request whose job is on the worker's queue: ``job`` and the asyncio
+    queue of its events (:func:`redlite.server.jobs.enqueue`)."""
+
+    prepared: PreparedChat
+    job: Job
+    events: asyncio.Queue
 
 
 @dataclass
@@ -295,9 +305,9 @@ class ChatService:
                                        _ends_of(rendered), request.request_id, parse=parse,
                                        n=max(1, request.n), session_key=request.session_key,
                                        message_info=[_message_info(m) for m in head.messages])
-        if replayed:
-            log.info("%s replay: %d generated turns spliced%s", request.request_id, replayed,
-                     f" session={request.session_key}" if request.session_key else "")
+        if replayed:  # logged by the engine thread with its own lines, past the first token
+            generation.notes.append((log, f"replay: {replayed} generated turn{'s' * (replayed != 1)} spliced"
+                                          + (f" session={request.session_key}" if request.session_key else "")))
         return PreparedChat(generation, parse, text, replayed,
                             request.messages[-1] if request.messages else None, bool(prefill))
 
@@ -344,21 +354,32 @@ class ChatService:
     async def prepare(self, request: ChatRequest, fit: bool = True) -> PreparedChat:
         return await asyncio.to_thread(self.prepare_sync, request, fit)
 
-    async def start(self, request: ChatRequest, http_request: Any = None,
-                    prepared: PreparedChat | None = None) -> ChatStream:
-        """Render (unless ``prepared``: :meth:`prepare_sync` of ``request``, done by the
-        caller), submit and wait for the job to start. Raises APIError (400 bad request,
-        503 busy / shutting down, 499 when the HTTP client left while the job waited)."""
-        if prepared is None:
-            prepared = await self.prepare(request)
+    def enqueue_sync(self, request: ChatRequest, prepared: PreparedChat, loop: asyncio.AbstractEventLoop,
+                     http_request: Any = None) -> QueuedChat:
+        """Queue ``prepared`` (:meth:`prepare_sync` of ``request``) on the worker, from the
+        thread that prepared it (:func:`redlite.server.jobs.enqueue`; ``loop``: the server's
+        event loop). Raises APIError 503 (queue full, shutting down)."""
         scope = getattr(http_request, "scope", None)
         if scope is not None:
             context_of(scope).session_key = request.session_key  # for the access log
-        job, events = await submit(self.worker, prepared.generation, http_request,
-                                   self.retry_after_s)
+        job, events = enqueue(self.worker, prepared.generation, loop, scope, self.retry_after_s)
+        return QueuedChat(prepared, job, events)
+
+    async def start(self, request: ChatRequest, http_request: Any = None,
+                    queued: QueuedChat | None = None) -> ChatStream:
+        """Render and queue ``request`` in one thread hand-off (unless ``queued``: the caller's
+        :meth:`prepare_sync` and :meth:`enqueue_sync` of it), then wait for the job to start.
+        Raises APIError (400 bad request, 503 busy / shutting down, 499 when the HTTP client
+        left while the job waited)."""
+        if queued is None:
+            loop = asyncio.get_running_loop()
+            queued = await in_thread(
+                lambda: self.enqueue_sync(request, self.prepare_sync(request), loop, http_request),
+                lambda done: done.job)
+        await wait_started(queued.job, queued.events, http_request)
         texts = None
-        if prepared.generation.sampling.logprobs is not None:  # the first use takes ~1 s
+        if queued.prepared.generation.sampling.logprobs is not None:  # the first use takes ~1 s
             from redlite.server.logprobs import TokenTexts
 
             texts = await asyncio.to_thread(TokenTexts, self.tokenizer)
-        return ChatStream(job, events, prepared, texts, self._record)
+        return ChatStream(queued.job, queued.events, queued.prepared, texts, self._record)

@@ -31,26 +31,28 @@ class BodyLimitMiddleware:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             await self._too_large(send, scope)
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
         chunks, total = [], 0
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                await send_error(send, scope, 408, "timed out reading the request body", None,
-                                 None, {"Connection": "close"})
-                return
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            total += len(chunk)
-            if total > self.max_bytes:
-                await self._too_large(send, scope)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            # one deadline for the whole body (no task per chunk, as wait_for would make)
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    chunk = message.get("body", b"")
+                    total += len(chunk)
+                    if total > self.max_bytes:
+                        break
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            await send_error(send, scope, 408, "timed out reading the request body", None,
+                             None, {"Connection": "close"})
+            return
+        if total > self.max_bytes:
+            await self._too_large(send, scope)
+            return
         replayed = False
 
         async def replay():
