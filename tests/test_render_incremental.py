@@ -159,3 +159,23 @@ def test_replay_splice_at_cut_points_equals_the_checked_splice(backend, monkeypa
                                                   request, store, render_request)
     assert got.token_ids == checked.token_ids and got.message_ends == checked.message_ends
     assert got.token_ids[start:start + len(prompt.token_ids) - start + len(answer)][-len(answer):] == answer
+
+
+def test_over_limit_refuses_exactly_what_the_special_token_bound_refuses(backend):
+    """The pre-tokenizing refusal skips its scan only where the scan could not refuse: on random
+    texts dense in special tokens, it answers as the full bound does."""
+    import random
+
+    encoder = SegmentEncoder(backend.backend_tokenizer)
+    specials, widest = encoder._cut_tokens, backend.max_token_chars
+    rng = random.Random(7)
+    skipped = 0
+    for _ in range(2000):
+        text = "".join(rng.choice(specials) if rng.random() < 0.5 else "x" * rng.randrange(30)
+                       for _ in range(rng.randrange(400)))
+        limit = rng.randrange(300)
+        bound = encoder.min_tokens(text, widest)
+        over = encoder.over_limit(text, limit, widest)
+        assert over == (bound if bound > limit else None)
+        skipped += -(-len(text) // widest) + len(text) // min(map(len, specials)) <= limit
+    assert skipped > 100  # the cheap answer was taken, and agreed

@@ -37,12 +37,13 @@ class ExecutorParking:
         if offer is not None:
             offer[1]()
 
-    def select(self, gen: "Generator", prompt: list[int], request_id: str = "req", session: str | None = None) -> None:
+    def select(self, gen: "Generator", prompt: list[int], request_id: str = "req", session: str | None = None,
+               notes: list | None = None) -> None:
         """:meth:`Conversations.select <redlite.core.conversations.Conversations.select>` on the
         executor thread, with the offered prefix; the offer ends with it."""
         offer = self._offer[0] if self._offer is not None else None
         try:
-            self.executor.call(self.parking.select, gen, prompt, request_id, session, offer)
+            self.executor.call(self.parking.select, gen, prompt, request_id, session, offer, notes)
         finally:
             self.end_offer()
 

@@ -14,7 +14,9 @@ drops a sentinel (``tojson`` with ASCII escapes, say) leaves its escape text, ne
 
 from __future__ import annotations
 
+import collections
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,9 @@ import numpy as np
 _BLOCKS = (0xF0000, 0xF8000, 0x100000, 0x108000)
 _BLOCK_SIZE = 0x7FF0
 _PRIVATE = re.compile("[\U000F0000-\U0010FFFF]")
+#: strings at least this long that held no special-token text are remembered (an agent resends
+#: its whole history each turn: the long old messages are not scanned again)
+_REMEMBER_MIN_CHARS = 4096
 
 
 def special_strings(backend: Any) -> list[str]:
@@ -53,6 +58,9 @@ class PlainSpecials:
         self.specials = specials
         self._pattern = re.compile("|".join(re.escape(s) for s in specials)) if specials else None
         self._index = {s: i for i, s in enumerate(specials)}
+        self._clean: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._clean_chars, self._max_clean_chars = 0, 16 << 20
+        self._lock = threading.Lock()
 
     def protect(self, messages: list, kwargs: dict) -> Protected:
         """Copies of ``messages`` and ``kwargs`` with every special-token string in their
@@ -63,7 +71,7 @@ class PlainSpecials:
             return Protected(messages, kwargs, None)
         strings: list[str] = []
         _strings((messages, kwargs), strings)
-        if not any(self._pattern.search(s) for s in strings):
+        if not any(self._holds_special(s) for s in strings):
             return Protected(messages, kwargs, None)
         used = {ord(c) for s in strings for c in _PRIVATE.findall(s)}
         base = next((b for b in _BLOCKS if not any(b <= u < b + len(self.specials) for u in used)), None)
@@ -74,6 +82,25 @@ class PlainSpecials:
             return chr(base + self._index[match.group()])
 
         return Protected(_replace(messages, self._pattern, swap), _replace(kwargs, self._pattern, swap), base)
+
+    def _holds_special(self, text: str) -> bool:
+        """Whether ``text`` contains a special-token string. A long string found clean is
+        remembered by value (its hash is computed once per string object, and the render
+        cache's key needs it anyway), up to 16 MiB of them, oldest out first."""
+        if len(text) < _REMEMBER_MIN_CHARS:
+            return self._pattern.search(text) is not None
+        if text in self._clean:
+            return False
+        if self._pattern.search(text) is not None:
+            return True
+        with self._lock:
+            if text not in self._clean:
+                self._clean[text] = None
+                self._clean_chars += len(text)
+                while self._clean_chars > self._max_clean_chars:
+                    old, _ = self._clean.popitem(last=False)
+                    self._clean_chars -= len(old)
+        return False
 
     def restore(self, text: str, base: int) -> tuple[str, list[tuple[int, int]], "np.ndarray", "np.ndarray"]:
         """(final text, plain spans, sentinel positions in ``text``, growth at each): the

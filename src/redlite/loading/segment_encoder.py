@@ -137,6 +137,19 @@ class SegmentEncoder:
         rest = len(text) - special_chars
         return specials + (-(-rest // max_token_chars) if max_token_chars else 0)
 
+    def over_limit(self, text: str, limit: int, max_token_chars: int | None) -> int | None:
+        """:meth:`min_tokens` of ``text`` when it exceeds ``limit`` (the text provably has more
+        tokens), else None. The scan for special tokens is skipped where it cannot decide: that
+        bound exceeds the plain ``len / max_token_chars`` by at most one per special token, and
+        a text holds at most ``len / (shortest special token)`` of them."""
+        if self._cut is None or not max_token_chars:
+            return None
+        chars = len(text)
+        if -(-chars // max_token_chars) + chars // min(map(len, self._cut_tokens)) <= limit:
+            return None
+        at_least = self.min_tokens(text, max_token_chars)
+        return at_least if at_least > limit else None
+
     def encode_text(self, text: str) -> list[int]:
         """Ids of ``text`` with every special-token string in it tokenized as plain text (as
         message content is, :mod:`redlite.loading.plain_specials`)."""

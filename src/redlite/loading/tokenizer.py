@@ -238,8 +238,8 @@ class HFTokenizer:
         if protected.base is not None:
             text, plain, at_sentinel, growth = self._plain_specials.restore(rendered, protected.base)
         if limit is not None:
-            at_least = self._segments.min_tokens(text, self.max_token_chars)
-            if at_least > limit:
+            at_least = self._segments.over_limit(text, limit, self.max_token_chars)
+            if at_least is not None:
                 raise PromptTooLong(at_least, limit)
         pieces = None if plain else self._segments.encode_pieces(text, remember=True)
         cut_count = None
