@@ -368,7 +368,7 @@ class Generator:
         generated = 0
         answer: list[int] = []
         finish = "length"
-        decode_started = self._clock()
+        decode_started: float | None = None  # when the first token was read
         loop = self._token_loop(request, index, logits)
         while not request.cancelled.is_set():
             # may the token be fed before it is looked at: no limit ends the answer at it
@@ -377,6 +377,8 @@ class Generator:
             if ahead and loop.pipelined:
                 self.failed = True  # until keep/drop the engine holds one token more
             token = loop.next(ahead)
+            if decode_started is None:
+                decode_started = self._clock()
             ending = token in eos
             if ending:
                 finish = "stop"
@@ -415,7 +417,8 @@ class Generator:
         events, output = scanner.finish(finish)
         output.context_full = finish == "length" and (max_tokens is None or generated < max_tokens)
         yield from events
-        elapsed = self._clock() - decode_started
+        # tokens after the first over the time since it was read (its wait is the TTFT's)
+        elapsed = self._clock() - decode_started if decode_started is not None else 0.0
         rate = (generated - 1) / elapsed if generated > 1 and elapsed > 0 else 0.0
         log.info("%s generated %d tok, decode %.1f tok/s, finish %s, held %d tok",
                  request.request_id, generated, rate, output.finish_reason, len(self.held_ids))
