@@ -27,7 +27,14 @@ Per shape, one fresh server (its start-up log gives the warm-up and cold-start s
    second round on it forks the conversation the last second turn extended) and a second turn
    (that answer + a user message, another one each round). TTFT = time to the first streamed
    content chunk (client), against the ideal: the engine's prefill of the same new tokens on H
-   held tokens + reading the first sampled id; the table gives medians over the rounds.
+   held tokens + reading the first sampled id; the table gives medians over the rounds. Then,
+   per round, an extension: the second turn's answer + a short user message (nothing rewound).
+   The cases, as the issue names them: a regenerate is a fork by rewind (its old answer's tail
+   parked); a second turn from the second round on is a fork back to the earlier round's branch
+   (its parked tail restored, then a rewind to where the new message starts; in the first round
+   it extends the live state); an extension only prefills its new tokens. The JSON carries per
+   held size ``fork_excess_ms`` (regenerates), ``second_turn_excess_ms`` and
+   ``extension_excess_ms`` (medians), and each round's.
 3. engine level, after the server has stopped, same weights: bench/gpu.py's decode loop (greedy
    id read on the host every step) at the decode requests' context; bound = measured copy
    bandwidth / (weight bytes + KV bytes at the mean context) per token.
@@ -241,6 +248,10 @@ QUESTIONS = ["Which detail matters most, and why?", "Reader: what stands out her
              "Explain the first claim to a newcomer.", "Given all this, what comes next?"]
 
 
+FOLLOW_UPS = ["Go on.", "And then?", "Say more about that.", "Why so?", "Give an example.",
+              "Keep going.", "What else?", "Be more specific."]
+
+
 def _chats(client: httpx.Client, args, out: dict, server) -> None:
     for i in range(4):
         res = chat(client, [{"role": "user", "content": words(args.prompt, seed=i)}], args.decode)
@@ -259,7 +270,11 @@ def _chats(client: httpx.Client, args, out: dict, server) -> None:
                              {"role": "user", "content": QUESTIONS[r % len(QUESTIONS)]}]
             second = chat(client, turn2, 8)
             second["server_ttft_ms"] = server_ttft_ms(server.log())
-            cases += [("regenerate", regen, r), ("second turn", second, r)]
+            turn3 = turn2 + [{"role": "assistant", "content": second["text"]},
+                             {"role": "user", "content": FOLLOW_UPS[r % len(FOLLOW_UPS)]}]
+            third = chat(client, turn3, 8)
+            third["server_ttft_ms"] = server_ttft_ms(server.log())
+            cases += [("regenerate", regen, r), ("second turn", second, r), ("extension", third, r)]
         for case, res, r in cases:
             out["ttft"].append({"held": held, "case": case, "round": r, "prompt_tokens": res["prompt_tokens"],
                                 "cached_tokens": res["cached_tokens"], "ttft_ms": res["ttft_ms"],
@@ -333,6 +348,8 @@ def run_shape(shape: str, args, tok_dir: Path, eos, vocab: int, work: Path) -> N
         "second_turn_excess_ms": excess_medians(served["ttft"], "second turn"),
         "fork_excess_ms_rounds": excess_rounds(served["ttft"], "regenerate"),
         "second_turn_excess_ms_rounds": excess_rounds(served["ttft"], "second turn"),
+        "extension_excess_ms": excess_medians(served["ttft"], "extension"),
+        "extension_excess_ms_rounds": excess_rounds(served["ttft"], "extension"),
         "ttft": ttft,
     }
     s = R["shapes"][shape]
