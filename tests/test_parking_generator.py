@@ -305,3 +305,23 @@ def test_no_rewind_checkpoints_travel_through_disk(tmp_path, caplog):
     for messages in (A, second, B):
         chat(cold, messages)
     assert chat(cold, edited)[0] == answer
+
+
+def test_the_restore_line_is_written_after_the_first_token_not_before_it(caplog):
+    """Logging is host time: a restored conversation's line waits for the request's first token
+    (and comes before its cache-miss and prefill lines)."""
+    caplog.set_level(logging.INFO)
+    gen = make()
+    answer_a, _ = chat(gen, A)
+    chat(gen, B)
+    rendered = tok.render_chat(follow(A, answer_a, "And the fog horn?"))
+    request = GenerationRequest(rendered.token_ids, message_ends=rendered.message_ends, request_id="req-3")
+    events = gen.run(request)
+    first = next(events)
+    assert not isinstance(first, GenerationResult) and "restored from" not in caplog.text
+    rest = list(events)
+    assert isinstance(rest[-1], GenerationResult)
+    lines = [r.getMessage() for r in caplog.records]
+    restored = next(i for i, line in enumerate(lines) if line.startswith("req-3 restored from ram"))
+    prefill = next(i for i, line in enumerate(lines) if line.startswith("req-3 prefill"))
+    assert restored < prefill and request.notes == []
