@@ -39,3 +39,44 @@ def test_a_stopping_server_is_503_shutting_down(tmp_path, path, body):
     assert r.status_code == 503, r.text
     assert "retry-after" not in r.headers
     assert "server is shutting down" in r.text
+
+
+def test_a_job_queued_for_a_caller_that_was_cancelled_meanwhile_is_cancelled():
+    """The thread that prepares a chat request queues its job (server/jobs.in_thread): when the
+    request's task is cancelled before that thread returns, nobody would read the job's events,
+    so the job is cancelled as soon as it exists."""
+    import asyncio
+    import threading
+
+    from redlite.server.jobs import in_thread
+
+    class Job:
+        cancelled = False
+
+        def cancel(self):
+            self.cancelled = True
+    job, release = Job(), threading.Event()
+
+    def work():
+        release.wait(5)
+        return job
+
+    async def main():
+        task = asyncio.ensure_future(in_thread(work, lambda done: done))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        release.set()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        for _ in range(100):
+            if job.cancelled:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert job.cancelled
+    kept, release = Job(), threading.Event()
+    release.set()
+    assert asyncio.run(in_thread(lambda: kept, lambda done: done)) is kept and not kept.cancelled
