@@ -307,7 +307,7 @@ ROWS = [("ttft", "client TTFT (sent -> first token's chunk)"), ("engine", "engin
         ("prepare.jinja", "  jinja render(s)"), ("prepare.tokenize", "  tokenize"),
         ("prepare.message_ends", "  message boundaries (when read: after the first token on an engine that rewinds)"), ("prepare.replay_find", "  replay store look-ups"),
         ("prepare.min_tokens", "  min tokens bound"), ("prepare.protect", "  special-text protection"),
-        ("prepare_cpu", "prepare, thread CPU time"), ("prepare_to_submit", "prepare -> queued (same thread since s40; a loop hop before)"),
+        ("prepare_cpu", "prepare, thread CPU time"), ("prepare_to_submit", "prepare -> queued (the same thread)"),
         ("hop_worker", "queued -> worker runs the job"), ("job_to_execute", "job start -> plan executed (select, plan)"),
         ("job.plan", "  reuse plans"), ("job.select", "  candidate selection (placement)"),
         ("select_cpu", "candidate selection, thread CPU time"),

@@ -29,7 +29,7 @@ Per shape, one fresh server (its start-up log gives the warm-up and cold-start s
    content chunk (client), against the ideal: the engine's prefill of the same new tokens on H
    held tokens + reading the first sampled id; the table gives medians over the rounds. Then,
    per round, an extension: the second turn's answer + a short user message (nothing rewound).
-   The cases, as the issue names them: a regenerate is a fork by rewind (its old answer's tail
+   The cases: a regenerate is a fork by rewind (its old answer's tail
    parked); a second turn from the second round on is a fork back to the earlier round's branch
    (its parked tail restored, then a rewind to where the new message starts; in the first round
    it extends the live state); an extension only prefills its new tokens. The JSON carries per
